@@ -1,0 +1,3 @@
+"""atom-engine: the serving engine that AtomDeployment pods run."""
+
+__version__ = "0.1.0"

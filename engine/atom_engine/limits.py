@@ -1,0 +1,253 @@
+"""Engine limits: defined once, enforced by the engine, the admission webhook and the CRD's CEL rules.
+
+Each rule is data: a guard, a check and a message built from literal text and terms. Every term carries
+both a Python function and the CEL expression of the same value, so the Python check and the generated
+``x-kubernetes-validations`` say the same thing in the same words. ``tests/`` prove they agree by running
+one table of specs through pydantic, the API server with only the CRD, and the API server with the webhook.
+
+Rules read an :class:`EngineView`: the handful of values the rules look at, with the names they have in
+``AtomDeployment.spec``. The engine builds one from its settings, the webhook from the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+LANES_MIN = 1
+LANES_MAX = 256
+KV_BLOCKS_MIN = 2
+KV_BLOCKS_MAX = 4096
+MAX_SEQ_LEN_MIN = 64
+MAX_SEQ_LEN_MAX = 32768
+REPLICAS_MIN = 0
+NPUS_PER_REPLICA_MAX = 64
+PORT_MIN = 1
+PORT_MAX = 65535
+
+# One block pads the empty lanes of the static decode batch; with a prefix cache one more is the copy
+# source while a lane is admitted (see DESIGN.md, "Block rule").
+SCRATCH_BLOCKS = 1
+COPY_SOURCE_BLOCKS = 1
+
+NPU_BACKENDS = ("atom", "rngd")
+DECODE_BACKENDS = ("atom", "cpu")
+PREFILL_BACKENDS = ("atom", "rngd", "cpu")
+
+# Children are named <name><suffix>; every one must stay a DNS-1035 label (63 characters).
+CHILD_NAME_SUFFIXES = ("", "-decode", "-prefill", "-decode-config", "-prefill-config")
+DNS_LABEL_MAX = 63
+NAME_MAX_LENGTH = DNS_LABEL_MAX - max(len(s) for s in CHILD_NAME_SUFFIXES)
+
+
+def min_kv_blocks(lanes: int, prefix_cache: bool) -> int:
+    """The fewest KV blocks an engine with ``lanes`` lanes can run on."""
+    return lanes + SCRATCH_BLOCKS + (COPY_SOURCE_BLOCKS if prefix_cache else 0)
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """The values the rules read, named as in ``AtomDeployment.spec``."""
+
+    lanes: int
+    kv_blocks: int
+    prefix_cache: bool
+    local_prefill: bool
+    prefetch_next: bool
+    prefill_replicas: int
+    decode_backend: str | None = None
+    decode_npus: int | None = None
+    prefill_backend: str | None = None
+    prefill_npus: int | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Term:
+    """One value a rule mentions: how Python computes it and how CEL does, from the spec object ``self``."""
+
+    py: Callable[[EngineView], object]
+    cel: str
+    cel_is_string: bool = False
+
+    def render(self, view: EngineView) -> str:
+        value = self.py(view)
+        if isinstance(value, bool):  # CEL's string(true) is "true"
+            return "true" if value else "false"
+        return str(value)
+
+    def cel_string(self) -> str:
+        return self.cel if self.cel_is_string else f"string({self.cel})"
+
+
+Part = str | Term
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A constraint on the spec; ``applies`` guards it (None: always), ``holds`` is the constraint."""
+
+    id: str
+    field: str  # path below spec, e.g. "decode.kvBlocks"
+    applies: Term | None
+    holds: Term
+    message: Sequence[Part]
+    scope: str = "engine"  # "engine": the engine checks it too; "spec": only admission can see it
+    root: bool = False  # the rule reads metadata, so it lives at the schema's root
+
+    def violated(self, view: EngineView) -> bool:
+        if self.applies is not None and not self.applies.py(view):
+            return False
+        return not self.holds.py(view)
+
+    def render(self, view: EngineView) -> str:
+        return "".join(p if isinstance(p, str) else p.render(view) for p in self.message)
+
+    def cel(self) -> dict[str, str]:
+        """The ``x-kubernetes-validations`` entry for this rule, placed on ``spec`` (or the root)."""
+        rule = self.holds.cel if self.applies is None else f"!({self.applies.cel}) || ({self.holds.cel})"
+        message = " + ".join(
+            _cel_literal(p) if isinstance(p, str) else p.cel_string() for p in self.message
+        )
+        entry = {"rule": rule, "messageExpression": message, "reason": "FieldValueInvalid"}
+        if not self.root:
+            entry["fieldPath"] = "." + self.field
+        return entry
+
+
+def _cel_literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _t(py: Callable[[EngineView], object], cel: str, *, string: bool = False) -> Term:
+    return Term(py, cel, string)
+
+
+LANES = _t(lambda v: v.lanes, "self.decode.lanes")
+KV_BLOCKS = _t(lambda v: v.kv_blocks, "self.decode.kvBlocks")
+PREFILL_REPLICAS = _t(lambda v: v.prefill_replicas, "self.prefill.replicas")
+LOCAL_PREFILL = _t(lambda v: v.local_prefill, "self.decode.localPrefill")
+
+_NPU_BACKENDS_CEL = "[" + ", ".join(f"'{b}'" for b in NPU_BACKENDS) + "]"
+
+
+def _npu_rules(role: str) -> list[Rule]:
+    backend = lambda v: getattr(v, f"{role}_backend")  # noqa: E731
+    npus = lambda v: getattr(v, f"{role}_npus")  # noqa: E731
+    backend_t = _t(backend, f"self.{role}.backend", string=True)
+    npus_t = _t(npus, f"self.{role}.npusPerReplica")
+    return [
+        Rule(
+            id=f"{role}-npu-backend-needs-npus",
+            field=f"{role}.npusPerReplica",
+            applies=_t(lambda v: backend(v) in NPU_BACKENDS, f"self.{role}.backend in {_NPU_BACKENDS_CEL}"),
+            holds=_t(lambda v: npus(v) >= 1, f"self.{role}.npusPerReplica >= 1"),
+            message=[f"{role}.npusPerReplica must be >= 1 for the NPU backend '", backend_t, "'; got ", npus_t],
+            scope="spec",
+        ),
+        Rule(
+            id=f"{role}-cpu-backend-takes-no-npus",
+            field=f"{role}.npusPerReplica",
+            applies=_t(lambda v: backend(v) == "cpu", f"self.{role}.backend == 'cpu'"),
+            holds=_t(lambda v: npus(v) == 0, f"self.{role}.npusPerReplica == 0"),
+            message=[f"{role}.npusPerReplica must be 0 for the cpu backend; got ", npus_t],
+            scope="spec",
+        ),
+    ]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="kv-blocks-with-prefix-cache",
+        field="decode.kvBlocks",
+        applies=_t(lambda v: v.prefix_cache, "self.decode.prefixCache"),
+        holds=_t(lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, True), "self.decode.kvBlocks >= self.decode.lanes + 2"),
+        message=[
+            "decode.kvBlocks must be >= decode.lanes + 2 = ",
+            _t(lambda v: min_kv_blocks(v.lanes, True), "self.decode.lanes + 2"),
+            " when decode.prefixCache is true (one block per lane, one scratch block and one prefix-cache copy"
+            " source; with lanes + 1 the first prefix hit fails with 'no KV block available'); got ",
+            KV_BLOCKS,
+        ],
+    ),
+    Rule(
+        id="kv-blocks",
+        field="decode.kvBlocks",
+        applies=_t(lambda v: not v.prefix_cache, "!self.decode.prefixCache"),
+        holds=_t(lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, False), "self.decode.kvBlocks >= self.decode.lanes + 1"),
+        message=[
+            "decode.kvBlocks must be >= decode.lanes + 1 = ",
+            _t(lambda v: min_kv_blocks(v.lanes, False), "self.decode.lanes + 1"),
+            " (one block per lane and one scratch block); got ",
+            KV_BLOCKS,
+        ],
+    ),
+    Rule(
+        id="prefetch-needs-one-lane",
+        field="prefill.prefetchNext",
+        applies=_t(lambda v: v.prefetch_next, "self.prefill.prefetchNext"),
+        holds=_t(lambda v: v.lanes == 1, "self.decode.lanes == 1"),
+        message=["prefill.prefetchNext needs decode.lanes == 1; got decode.lanes = ", LANES],
+    ),
+    Rule(
+        id="prefetch-needs-prefill-worker",
+        field="prefill.prefetchNext",
+        applies=_t(lambda v: v.prefetch_next, "self.prefill.prefetchNext"),
+        holds=_t(lambda v: v.prefill_replicas >= 1, "self.prefill.replicas >= 1"),
+        message=["prefill.prefetchNext needs prefill.replicas >= 1; got prefill.replicas = ", PREFILL_REPLICAS],
+    ),
+    Rule(
+        id="prefetch-needs-remote-prefill",
+        field="prefill.prefetchNext",
+        applies=_t(lambda v: v.prefetch_next, "self.prefill.prefetchNext"),
+        holds=_t(lambda v: not v.local_prefill, "!self.decode.localPrefill"),
+        message=["prefill.prefetchNext needs decode.localPrefill == false; got decode.localPrefill = ", LOCAL_PREFILL],
+    ),
+    Rule(
+        id="remote-prefill-needs-worker",
+        field="prefill.replicas",
+        applies=_t(lambda v: not v.local_prefill, "!self.decode.localPrefill"),
+        holds=_t(lambda v: v.prefill_replicas >= 1, "self.prefill.replicas >= 1"),
+        message=[
+            "prefill.replicas must be >= 1 when decode.localPrefill is false (remote-only prefill needs a"
+            " prefill worker); got prefill.replicas = ",
+            PREFILL_REPLICAS,
+        ],
+    ),
+    *_npu_rules("decode"),
+    *_npu_rules("prefill"),
+    Rule(
+        id="name-length",
+        field="metadata.name",
+        applies=None,
+        holds=_t(lambda v: v.name is None or len(v.name) <= NAME_MAX_LENGTH, f"size(self.metadata.name) <= {NAME_MAX_LENGTH}"),
+        message=[
+            f"metadata.name must be at most {NAME_MAX_LENGTH} characters so that every child name"
+            f" (<name>{max(CHILD_NAME_SUFFIXES, key=len)}) stays a {DNS_LABEL_MAX}-character DNS label; got ",
+            _t(lambda v: len(v.name or ""), "size(self.metadata.name)"),
+        ],
+        scope="spec",
+        root=True,
+    ),
+)
+
+
+def violations(view: EngineView, *, scope: str | None = None) -> list[str]:
+    """Messages of every rule ``view`` breaks; ``scope="engine"`` keeps the rules an engine can check."""
+    return [
+        r.render(view)
+        for r in RULES
+        if (scope is None or r.scope == scope) and r.violated(view)
+    ]
+
+
+def check(view: EngineView, *, scope: str | None = None) -> None:
+    """Raise ``ValueError`` with every broken rule's message, one per line."""
+    found = violations(view, scope=scope)
+    if found:
+        raise ValueError("; ".join(found))
+
+
+def cel_rules(*, root: bool = False) -> list[dict[str, str]]:
+    """``x-kubernetes-validations`` for ``spec`` (``root=False``) or the object's root."""
+    return [r.cel() for r in RULES if r.root == root]

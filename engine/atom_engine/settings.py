@@ -1,0 +1,59 @@
+"""What one engine process runs with. Torch-free: the operator renders it into each role's ConfigMap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from atom_engine import limits
+
+Role = Literal["standalone", "decode", "prefill"]
+
+
+class EngineSettings(BaseModel):
+    """Engine settings, keyed as in ``AtomDeployment.spec`` (camelCase) in the ConfigMap's YAML."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    model_name: str = Field("tiny", description="Model id served on /v1/models and accepted in requests.")
+    model_source: str = Field("builtin:tiny", description="builtin:tiny, or a Hugging Face-layout checkpoint directory.")
+    max_seq_len: int = Field(512, ge=limits.MAX_SEQ_LEN_MIN, le=limits.MAX_SEQ_LEN_MAX)
+    backend: Literal["atom", "cpu"] = "cpu"
+    lanes: int = Field(4, ge=limits.LANES_MIN, le=limits.LANES_MAX)
+    kv_blocks: int = Field(8, ge=limits.KV_BLOCKS_MIN, le=limits.KV_BLOCKS_MAX)
+    prefix_cache: bool = True
+    local_prefill: bool = True
+    prefetch_next: bool = False
+    prefill_workers: str | None = Field(
+        None, description="host:port of the prefill workers (a headless Service name resolves to all of them)."
+    )
+    prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
+    max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> EngineSettings:
+        limits.check(self.view(), scope="engine")
+        return self
+
+    def view(self) -> limits.EngineView:
+        return limits.EngineView(
+            lanes=self.lanes,
+            kv_blocks=self.kv_blocks,
+            prefix_cache=self.prefix_cache,
+            local_prefill=self.local_prefill,
+            prefetch_next=self.prefetch_next,
+            prefill_replicas=1 if self.prefill_workers else 0,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> EngineSettings:
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.model_dump(by_alias=True, exclude_none=True), sort_keys=True)

@@ -1,0 +1,3 @@
+"""atom-operator: reconciles AtomDeployments into prefill and decode workloads on NPU nodes."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,241 @@
+"""The lane batcher: a waiting queue, ``lanes`` decode slots, continuous batching. Pure Python: no torch.
+
+One :meth:`Batcher.step` (1) applies cancels, (2) fills free lanes from the queue (a lane freed in the last step
+is refilled now, not at the end of a batch), (3) runs one prefill chunk for each lane still prefilling, and
+(4) runs one static-shape decode step over all lanes. An exception while serving one request ends that request
+with an error; the batcher keeps serving the others and every KV block stays accounted for.
+
+The model is behind :class:`Runner`, so the batcher runs against a fake in tests and the torch runner in pods.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from atom_engine.kv_blocks import KVBlocks
+from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, Status, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """What the batcher needs from the model side. Implementations own all device tensors."""
+
+    def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
+        """Compute the KV of ``tokens`` at positions ``start..`` into ``seq.block``; if ``last``, sample and
+        return the first output token."""
+
+    def decode(self, batch: list[Sequence | None]) -> list[int | None]:
+        """One decode step over all lanes (``None``: an empty lane, padded with the scratch block). Each
+        sequence feeds its last token at position ``seq.computed``; returns the sampled token per lane."""
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy a whole KV block (a prefix-cache hit)."""
+
+
+class Batcher:
+    def __init__(
+        self,
+        runner: Runner,
+        kv: KVBlocks,
+        *,
+        lanes: int,
+        max_seq_len: int,
+        prefill_chunk: int,
+        max_waiting: int = 256,
+        eos_token_id: int | None = None,
+        detokenize: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.kv = kv
+        self.lanes: list[Sequence | None] = [None] * lanes
+        self.max_seq_len = max_seq_len
+        self.prefill_chunk = prefill_chunk
+        self.max_waiting = max_waiting
+        self.eos_token_id = eos_token_id
+        self.detokenize = detokenize
+        self.waiting: deque[Sequence] = deque()
+        self._lock = threading.Lock()  # add/cancel may come from another thread than step
+        self._cancels: set[str] = set()
+        self._ids = itertools.count()
+        self.counters = {
+            "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
+            "steps": 0, "decode_steps": 0, "prefill_chunks": 0, "requests_finished": 0, "requests_failed": 0,
+            "requests_cancelled": 0,
+        }
+
+    # -- requests --------------------------------------------------------------------------------
+    def add(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
+        """Queue a request, or refuse it now if it can never fit. Thread-safe."""
+        if not prompt:
+            raise RequestRejected("the prompt is empty; it needs at least one token")
+        if len(prompt) + params.max_tokens > self.max_seq_len:
+            raise RequestRejected(
+                f"maximum context length is {self.max_seq_len} tokens; the prompt has {len(prompt)} tokens and"
+                f" max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens"
+            )
+        seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params)
+        with self._lock:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
+            self.waiting.append(seq)
+        return seq
+
+    def cancel(self, request_id: str) -> None:
+        """Ask for a request to end; it ends (finish_reason "cancelled") at the start of the next step."""
+        with self._lock:
+            self._cancels.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(s is not None for s in self.lanes) or bool(self._cancels)
+
+    def running(self) -> list[Sequence]:
+        return [s for s in self.lanes if s is not None]
+
+    # -- the step --------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        out: list[StepOutput] = []
+        self.counters["steps"] += 1
+        self._apply_cancels(out)
+        self._admit(out)
+        self._prefill(out)
+        self._decode(out)
+        return out
+
+    def _apply_cancels(self, out: list[StepOutput]) -> None:
+        with self._lock:
+            cancels, self._cancels = self._cancels, set()
+            kept = deque(s for s in self.waiting if s.id not in cancels)
+            dropped = [s for s in self.waiting if s.id in cancels]
+            self.waiting = kept
+        for seq in dropped:
+            self._finish(seq, "cancelled", out)
+        for seq in self.running():
+            if seq.id in cancels:
+                self._finish(seq, "cancelled", out)
+
+    def _admit(self, out: list[StepOutput]) -> None:
+        for lane, held in enumerate(self.lanes):
+            if held is not None:
+                continue
+            with self._lock:
+                if not self.waiting:
+                    return
+                seq = self.waiting.popleft()
+            seq.lane = lane
+            self.lanes[lane] = seq
+            self.counters["prompt_tokens"] += len(seq.prompt)
+            try:
+                alloc = self.kv.allocate(seq.id, seq.prompt)
+                seq.block = alloc.block
+                if alloc.source is not None:
+                    try:
+                        self.runner.copy_block(alloc.source, alloc.block)
+                    finally:
+                        self.kv.unpin(alloc.source)
+                    seq.computed = seq.cached_tokens = alloc.cached_len
+                    self.counters["cached_prompt_tokens"] += alloc.cached_len
+                seq.status = Status.PREFILL
+            except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
+                self._fail(seq, exc, out)
+
+    def _prefill(self, out: list[StepOutput]) -> None:
+        for seq in self.running():
+            if seq.status is not Status.PREFILL:
+                continue
+            start = seq.computed
+            chunk = seq.prompt[start : start + self.prefill_chunk]
+            last = start + len(chunk) == len(seq.prompt)
+            try:
+                token = self.runner.prefill(seq, start, chunk, last)
+                seq.computed += len(chunk)
+                self.counters["prefill_chunks"] += 1
+                self.counters["prefill_tokens_computed"] += len(chunk)
+                if last:
+                    seq.status = Status.DECODE
+                    self._append(seq, token, out)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(seq, exc, out)
+
+    def _decode(self, out: list[StepOutput]) -> None:
+        batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
+        active = [s for s in batch if s is not None]
+        if not active:
+            return
+        self.counters["decode_steps"] += 1
+        try:
+            tokens = self.runner.decode(batch)
+        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone (same shapes)
+            tokens = self._decode_lanes_alone(batch, out)
+        for seq, token in zip(batch, tokens, strict=True):
+            if seq is None or token is None or seq.finished:
+                continue
+            seq.computed += 1
+            try:
+                self._append(seq, token, out)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(seq, exc, out)
+
+    def _decode_lanes_alone(self, batch: list[Sequence | None], out: list[StepOutput]) -> list[int | None]:
+        # Rewriting a lane's KV at the same position with the same token is idempotent, so a retry is safe.
+        tokens: list[int | None] = [None] * len(batch)
+        for i, seq in enumerate(batch):
+            if seq is None:
+                continue
+            alone: list[Sequence | None] = [None] * len(batch)
+            alone[i] = seq
+            try:
+                tokens[i] = self.runner.decode(alone)[i]
+            except Exception as exc:  # noqa: BLE001
+                self._fail(seq, exc, out)
+        return tokens
+
+    # -- outcomes --------------------------------------------------------------------------------
+    def _append(self, seq: Sequence, token: int | None, out: list[StepOutput]) -> None:
+        if token is None:
+            raise RuntimeError("the runner returned no token")
+        seq.output.append(token)
+        self.counters["generation_tokens"] += 1
+        reason = self._stop_reason(seq, token)
+        if reason is None:
+            out.append(StepOutput(seq.id, (token,), False))
+        else:
+            self._finish(seq, reason, out, new=(token,))
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token == self.eos_token_id):
+            return "stop"
+        if p.stop and self.detokenize is not None:
+            text = self.detokenize(seq.output)
+            hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
+            if hits:
+                seq.stop_text = text[: min(hits)]
+                return "stop"
+        if len(seq.output) >= p.max_tokens:
+            return "length"
+        return None
+
+    def _fail(self, seq: Sequence, exc: BaseException, out: list[StepOutput]) -> None:
+        seq.error = f"{type(exc).__name__}: {exc}"
+        log.warning("event=request_failed request_id=%s error=%r", seq.id, seq.error)
+        self._finish(seq, "error", out)
+
+    def _finish(self, seq: Sequence, reason: str, out: list[StepOutput], new: tuple[int, ...] = ()) -> None:
+        if seq.block is not None:
+            # After an error the block's KV may be half written: never cache it.
+            valid = None if reason == "error" else seq.tokens[: seq.computed]
+            self.kv.release(seq.id, valid)
+            seq.block = None
+        if seq.lane is not None and self.lanes[seq.lane] is seq:
+            self.lanes[seq.lane] = None
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        key = {"error": "requests_failed", "cancelled": "requests_cancelled"}.get(reason, "requests_finished")
+        self.counters[key] += 1
+        out.append(StepOutput(seq.id, new, True, reason, seq.error))

@@ -1,0 +1,1 @@
+"""The torch model, its loader and tokenizers."""

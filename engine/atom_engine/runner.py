@@ -1,0 +1,80 @@
+"""The model runner: the only place that touches device tensors. It owns the model and the KV cache and turns
+the batcher's sequences into static-shape graph inputs: decode ``[lanes, 1]``, prefill ``[1, chunk]``."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from atom_engine.backends import make_backend
+from atom_engine.kv_blocks import SCRATCH_BLOCK
+from atom_engine.model.llama import LlamaForCausalLM
+from atom_engine.sampling import sample
+from atom_engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(
+        self, model: LlamaForCausalLM, *, backend: str, lanes: int, kv_blocks: int, prefill_chunk: int
+    ) -> None:
+        self.model = model
+        self.lanes = lanes
+        self.kv_blocks = kv_blocks
+        self.chunk = min(prefill_chunk, model.max_seq_len)
+        dtype = model.lm_head.weight.dtype
+        self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
+        self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
+        self.backend = make_backend(backend, model, self.k_cache, self.v_cache, lanes=lanes, chunk=self.chunk)
+        self.forward_seconds = 0.0  # time inside graphs, for the engine-overhead figure
+
+    @torch.inference_mode()
+    def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
+        n, c = len(tokens), self.chunk
+        if not 0 < n <= c:
+            raise ValueError(f"a prefill chunk has 1..{c} tokens; got {n}")
+        block = seq.block
+        ids = torch.zeros(1, c, dtype=torch.long)
+        ids[0, :n] = torch.tensor(tokens)
+        positions = torch.zeros(1, c, dtype=torch.long)
+        positions[0, :n] = torch.arange(start, start + n)
+        slots = torch.full((1, c), SCRATCH_BLOCK, dtype=torch.long)  # pad tokens write into the scratch block
+        slots[0, :n] = block
+        t0 = time.perf_counter()
+        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]))
+        self.forward_seconds += time.perf_counter() - t0
+        return sample(logits[0], seq) if last else None
+
+    @torch.inference_mode()
+    def decode(self, batch: list[Sequence | None]) -> list[int | None]:
+        if len(batch) != self.lanes:
+            raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)}")
+        ids = torch.zeros(self.lanes, 1, dtype=torch.long)
+        positions = torch.zeros(self.lanes, 1, dtype=torch.long)
+        blocks = torch.full((self.lanes,), SCRATCH_BLOCK, dtype=torch.long)
+        for i, seq in enumerate(batch):
+            if seq is not None:
+                ids[i, 0], positions[i, 0], blocks[i] = seq.tokens[-1], seq.computed, seq.block
+        t0 = time.perf_counter()
+        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
+        self.forward_seconds += time.perf_counter() - t0
+        greedy = torch.argmax(logits, dim=-1).tolist()
+        return [
+            None if seq is None else greedy[i] if seq.params.greedy else sample(logits[i], seq)
+            for i, seq in enumerate(batch)
+        ]
+
+    @torch.inference_mode()
+    def copy_block(self, src: int, dst: int) -> None:
+        self.backend.copy_block(src, dst)
+
+    # -- for PD disaggregation: move one block's KV (positions start..end) out of and into the cache -----
+    @torch.inference_mode()
+    def export_kv(self, block: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_cache[:, block, :, start:end].clone(), self.v_cache[:, block, :, start:end].clone()
+
+    @torch.inference_mode()
+    def import_kv(self, block: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[2]
+        self.k_cache[:, block, :, start:end] = k
+        self.v_cache[:, block, :, start:end] = v

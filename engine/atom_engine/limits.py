@@ -106,9 +106,7 @@ class Rule:
     def cel(self) -> dict[str, str]:
         """The ``x-kubernetes-validations`` entry for this rule, placed on ``spec`` (or the root)."""
         rule = self.holds.cel if self.applies is None else f"!({self.applies.cel}) || ({self.holds.cel})"
-        message = " + ".join(
-            _cel_literal(p) if isinstance(p, str) else p.cel_string() for p in self.message
-        )
+        message = " + ".join(_cel_literal(p) if isinstance(p, str) else p.cel_string() for p in self.message)
         entry = {"rule": rule, "messageExpression": message, "reason": "FieldValueInvalid"}
         if not self.root:
             entry["fieldPath"] = "." + self.field
@@ -161,7 +159,9 @@ RULES: tuple[Rule, ...] = (
         id="kv-blocks-with-prefix-cache",
         field="decode.kvBlocks",
         applies=_t(lambda v: v.prefix_cache, "self.decode.prefixCache"),
-        holds=_t(lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, True), "self.decode.kvBlocks >= self.decode.lanes + 2"),
+        holds=_t(
+            lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, True), "self.decode.kvBlocks >= self.decode.lanes + 2"
+        ),
         message=[
             "decode.kvBlocks must be >= decode.lanes + 2 = ",
             _t(lambda v: min_kv_blocks(v.lanes, True), "self.decode.lanes + 2"),
@@ -174,7 +174,9 @@ RULES: tuple[Rule, ...] = (
         id="kv-blocks",
         field="decode.kvBlocks",
         applies=_t(lambda v: not v.prefix_cache, "!self.decode.prefixCache"),
-        holds=_t(lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, False), "self.decode.kvBlocks >= self.decode.lanes + 1"),
+        holds=_t(
+            lambda v: v.kv_blocks >= min_kv_blocks(v.lanes, False), "self.decode.kvBlocks >= self.decode.lanes + 1"
+        ),
         message=[
             "decode.kvBlocks must be >= decode.lanes + 1 = ",
             _t(lambda v: min_kv_blocks(v.lanes, False), "self.decode.lanes + 1"),
@@ -220,7 +222,9 @@ RULES: tuple[Rule, ...] = (
         id="name-length",
         field="metadata.name",
         applies=None,
-        holds=_t(lambda v: v.name is None or len(v.name) <= NAME_MAX_LENGTH, f"size(self.metadata.name) <= {NAME_MAX_LENGTH}"),
+        holds=_t(
+            lambda v: v.name is None or len(v.name) <= NAME_MAX_LENGTH, f"size(self.metadata.name) <= {NAME_MAX_LENGTH}"
+        ),
         message=[
             f"metadata.name must be at most {NAME_MAX_LENGTH} characters so that every child name"
             f" (<name>{max(CHILD_NAME_SUFFIXES, key=len)}) stays a {DNS_LABEL_MAX}-character DNS label; got ",
@@ -234,11 +238,7 @@ RULES: tuple[Rule, ...] = (
 
 def violations(view: EngineView, *, scope: str | None = None) -> list[str]:
     """Messages of every rule ``view`` breaks; ``scope="engine"`` keeps the rules an engine can check."""
-    return [
-        r.render(view)
-        for r in RULES
-        if (scope is None or r.scope == scope) and r.violated(view)
-    ]
+    return [r.render(view) for r in RULES if (scope is None or r.scope == scope) and r.violated(view)]
 
 
 def check(view: EngineView, *, scope: str | None = None) -> None:

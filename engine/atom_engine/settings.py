@@ -20,7 +20,9 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
     model_name: str = Field("tiny", description="Model id served on /v1/models and accepted in requests.")
-    model_source: str = Field("builtin:tiny", description="builtin:tiny, or a Hugging Face-layout checkpoint directory.")
+    model_source: str = Field(
+        "builtin:tiny", description="builtin:tiny, or a Hugging Face-layout checkpoint directory."
+    )
     max_seq_len: int = Field(512, ge=limits.MAX_SEQ_LEN_MIN, le=limits.MAX_SEQ_LEN_MAX)
     backend: Literal["atom", "cpu"] = "cpu"
     lanes: int = Field(4, ge=limits.LANES_MIN, le=limits.LANES_MAX)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create or update .venv for the tests.
+#
+# The locked third-party packages (torch alone is ~5 GB) live in a cached venv outside the repo, keyed by
+# requirements/dev.lock and the Python version, and are installed once per machine. .venv itself is small:
+# it chains to that cache with a .pth file and holds only this checkout's own packages (editable), so every
+# clone gets its own .venv in seconds and a changed lock file builds a new cache entry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null || python=python3
+cache="${ATOM_CACHE_DIR:-$HOME/.cache/atom}/venvs"
+key=$( { cat requirements/dev.lock; "$python" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
+deps="$cache/dev-$key"
+
+if [ ! -f "$deps/.complete" ]; then
+  echo "venv: installing the locked dependencies into $deps (once per machine; torch takes a few minutes)"
+  rm -rf "$deps"
+  mkdir -p "$cache"
+  "$python" -m venv "$deps"
+  "$deps/bin/pip" install --quiet --disable-pip-version-check --no-deps -r requirements/dev.lock
+  touch "$deps/.complete"
+fi
+
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.atom-deps 2>/dev/null)" != "$deps" ]; then
+  rm -rf .venv
+  "$python" -m venv .venv
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  dep_site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$dep_site')" > "$site/_atom_deps.pth"
+  echo "$deps" > .venv/.atom-deps
+fi
+
+# This checkout's packages, editable; --no-deps because the lock already brought everything they need.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e ./engine -e ./operator

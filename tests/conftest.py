@@ -1,0 +1,33 @@
+"""Session fixtures: one real control plane for the whole run, a fresh namespace per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.harness.cluster import Cluster
+from tests.harness.existing import ExistingCluster, wanted
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """etcd, kube-apiserver, controller-manager, scheduler and kwok NPU nodes, torn down after the session."""
+    c: Cluster = ExistingCluster() if wanted() else Cluster()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,67 @@
+"""make cluster-up / cluster-down / demo: the harness for humans.
+
+``up`` starts a cluster whose components outlive this command and records them in a state file;
+``down`` stops them and removes the work directory; ``nodes`` prints the nodes with their NPU capacity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from tests.harness.cluster import Cluster, HarnessError, kill_pids
+
+STATE_DIR = Path(os.environ.get("ATOM_CLUSTER_DIR") or Path.home() / ".cache" / "atom" / "cluster")
+NODE_COLUMNS = (
+    "NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].status,"
+    "ATOM:.status.allocatable.rebellions\\.ai/ATOM,RNGD:.status.allocatable.furiosa\\.ai/rngd,"
+    "FAMILY:.metadata.labels.rebellions\\.ai/npu\\.family,PRODUCT:.metadata.labels.rebellions\\.ai/npu\\.product"
+)
+
+
+def print_nodes(cluster: Cluster) -> None:
+    print(cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}").stdout, end="")
+
+
+def up() -> int:
+    state_file = STATE_DIR / "state.json"
+    if state_file.exists():
+        print(f"a cluster is already up (state in {state_file}); run 'make cluster-down' first", file=sys.stderr)
+        return 1
+    cluster = Cluster(workdir=STATE_DIR / "run", detached=True)
+    try:
+        cluster.start()
+    except HarnessError as e:
+        print(f"cluster-up failed: {e}", file=sys.stderr)
+        return 1
+    state_file.write_text(json.dumps(cluster.state(), indent=2))
+    print_nodes(cluster)
+    print(f"\nexport KUBECONFIG={cluster.kubeconfig}\n(stop it with: make cluster-down)")
+    return 0
+
+
+def down() -> int:
+    state_file = STATE_DIR / "state.json"
+    if not state_file.exists():
+        print("no cluster is up")
+        return 0
+    state = json.loads(state_file.read_text())
+    kill_pids(state["pids"])
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    print("cluster stopped and removed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.harness", description=__doc__)
+    p.add_argument("command", choices=["up", "down"])
+    args = p.parse_args(argv)
+    return up() if args.command == "up" else down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""Start and stop a real control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+
+Everything runs as local processes on 127.0.0.1 with free ports and a private work directory, so two
+clusters can run side by side. Nodes are kwok fakes that advertise NPUs the way a device plugin would;
+pods bound to them go Running and Ready through the stages in ``kwok-stages.yaml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.harness import pki, tools
+
+HERE = Path(__file__).resolve().parent
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+
+
+class HarnessError(RuntimeError):
+    """A component did not come up; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    labels: dict[str, str]
+    npus: dict[str, str]  # extended resource -> count, as a device plugin advertises it
+
+    def manifest(self) -> dict:
+        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti", **self.npus}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    **self.labels,
+                },
+            },
+            "status": {"capacity": capacity, "allocatable": dict(capacity)},
+        }
+
+
+def atom_node(name: str, npus: int = 4) -> FakeNode:
+    return FakeNode(
+        name,
+        {
+            "rebellions.ai/npu.present": "true",
+            "rebellions.ai/npu.family": "ATOM",
+            "rebellions.ai/npu.product": "RBLN-CA22",
+        },
+        {"rebellions.ai/ATOM": str(npus)},
+    )
+
+
+def rngd_node(name: str, npus: int = 2) -> FakeNode:
+    return FakeNode(
+        name,
+        {"furiosa.ai/npu.present": "true", "furiosa.ai/npu.family": "RNGD", "furiosa.ai/npu.product": "RNGD"},
+        {"furiosa.ai/rngd": str(npus)},
+    )
+
+
+DEFAULT_NODES = (atom_node("atom-0"), atom_node("atom-1"), rngd_node("rngd-0"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # If the harness process is killed outright, its components go with it instead of lingering.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Component:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, client: pki.KeyPair, user: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "atom-test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}],
+        "contexts": [{"name": user, "context": {"cluster": "atom-test", "user": user}}],
+        "current-context": user,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    # Writes only: tests count them (e.g. "a resync with nothing changed sends no write").
+    "rules": [
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
+
+@dataclass
+class Cluster:
+    """A running control plane. Use as a context manager, or ``start()``/``stop()``."""
+
+    workdir: Path | None = None
+    nodes: Sequence[FakeNode] = DEFAULT_NODES
+    detached: bool = False  # components outlive this process (make cluster-up)
+    components: list[Component] = field(default_factory=list)
+    _own_workdir: bool = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> Cluster:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="atom-cluster-"))
+            self._own_workdir = True
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
+        wd = self.workdir
+        assert wd is not None
+        binaries = {
+            b: tools.path(b) for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+        }
+        self.kubectl_path = tools.kubectl()
+        pkidir = wd / "pki"
+        ca = pki.CertificateAuthority(pkidir)
+        self.ca_file = ca.pair.cert
+        self.ca = ca
+        hosts = (
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "10.96.0.1",
+        )
+        serving = ca.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
+        admin = ca.issue("admin", "atom-admin", orgs=("system:masters",), client=True)
+        kcm = ca.issue("kcm", "system:kube-controller-manager", client=True)
+        sched = ca.issue("scheduler", "system:kube-scheduler", client=True)
+        kwok = ca.issue("kwok", "kwok-controller", orgs=("system:masters",), client=True)
+        self.kubelet_client = ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True
+        )
+        sa = pki.service_account_keys(pkidir)
+        self.admin_pair = admin
+
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        self.server = f"https://127.0.0.1:{api_port}"
+        self.kubeconfig = write_kubeconfig(wd / "kubeconfig", self.server, ca.pair.cert, admin, "admin")
+        kcm_cfg = write_kubeconfig(wd / "kcm.kubeconfig", self.server, ca.pair.cert, kcm, "kcm")
+        sched_cfg = write_kubeconfig(wd / "scheduler.kubeconfig", self.server, ca.pair.cert, sched, "scheduler")
+        kwok_cfg = write_kubeconfig(wd / "kwok.kubeconfig", self.server, ca.pair.cert, kwok, "kwok")
+        self.audit_log = wd / "audit.log"
+        (wd / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+        deadline = time.monotonic() + timeout
+
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd = self._spawn(
+            "etcd",
+            [
+                binaries["etcd"],
+                "--name",
+                "atom",
+                "--data-dir",
+                str(wd / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster",
+                f"atom=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",  # a test cluster: speed over durability
+                "--log-level",
+                "warn",
+            ],
+        )
+        self._wait(etcd, lambda: _http_ok(f"{etcd_url}/health"), deadline)
+
+        api = self._spawn(
+            "kube-apiserver",
+            [
+                binaries["kube-apiserver"],
+                "--etcd-servers",
+                etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(api_port),
+                "--tls-cert-file",
+                str(serving.cert),
+                "--tls-private-key-file",
+                str(serving.key),
+                "--client-ca-file",
+                str(ca.pair.cert),
+                "--authorization-mode",
+                "Node,RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file",
+                str(sa.cert),
+                "--service-account-signing-key-file",
+                str(sa.key),
+                "--service-cluster-ip-range",
+                SERVICE_CIDR,
+                "--allow-privileged=true",
+                "--kubelet-preferred-address-types",
+                "Hostname,InternalIP",
+                "--kubelet-client-certificate",
+                str(self.kubelet_client.cert),
+                "--kubelet-client-key",
+                str(self.kubelet_client.key),
+                "--kubelet-certificate-authority",
+                str(ca.pair.cert),
+                "--audit-policy-file",
+                str(wd / "audit-policy.yaml"),
+                "--audit-log-path",
+                str(self.audit_log),
+                "--audit-log-format",
+                "json",
+                "--profiling=false",
+            ],
+        )
+        self._wait(api, self._readyz, deadline)
+
+        common = ["--bind-address", "127.0.0.1", "--leader-elect=false", "--profiling=false"]
+        self._spawn(
+            "kube-controller-manager",
+            [
+                binaries["kube-controller-manager"],
+                "--kubeconfig",
+                str(kcm_cfg),
+                "--authentication-kubeconfig",
+                str(kcm_cfg),
+                "--authorization-kubeconfig",
+                str(kcm_cfg),
+                "--secure-port",
+                str(free_port()),
+                *common,
+                "--service-account-private-key-file",
+                str(sa.key),
+                "--root-ca-file",
+                str(ca.pair.cert),
+                "--use-service-account-credentials=true",
+                "--cluster-signing-cert-file",
+                str(ca.pair.cert),
+                "--cluster-signing-key-file",
+                str(ca.pair.key),
+                "--service-cluster-ip-range",
+                SERVICE_CIDR,
+                "--cluster-cidr",
+                POD_CIDR,
+                # Garbage collection and workload controllers react at once; nodes are kwok's to keep alive.
+                "--concurrent-gc-syncs",
+                "20",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                binaries["kube-scheduler"],
+                "--kubeconfig",
+                str(sched_cfg),
+                "--authentication-kubeconfig",
+                str(sched_cfg),
+                "--authorization-kubeconfig",
+                str(sched_cfg),
+                "--secure-port",
+                str(free_port()),
+                *common,
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                binaries["kwok"],
+                "--kubeconfig",
+                str(kwok_cfg),
+                "--config",
+                str(HERE / "kwok-stages.yaml"),
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector",
+                "kwok.x-k8s.io/node=fake",
+                "--cidr",
+                "10.244.0.1/16",
+                "--node-ip",
+                "10.0.0.1",
+                "--node-lease-duration-seconds",
+                "40",
+                "--server-address",
+                f"127.0.0.1:{free_port()}",
+            ],
+        )
+        self._wait_default_service_account(deadline)
+        self.add_nodes(self.nodes, deadline=deadline)
+
+    def stop(self) -> None:
+        for c in reversed(self.components):
+            _terminate(c.proc)
+        self.components.clear()
+        if self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- use -----------------------------------------------------------------------------------------
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120, as_user: str | None = None
+    ) -> subprocess.CompletedProcess:
+        cmd = [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args]
+        if as_user:
+            cmd += ["--as", as_user]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise subprocess.CalledProcessError(out.returncode, cmd, out.stdout, out.stderr)
+        return out
+
+    def apply(self, manifest: dict | list[dict] | str, *args: str) -> subprocess.CompletedProcess:
+        text = (
+            manifest
+            if isinstance(manifest, str)
+            else yaml.safe_dump_all(manifest if isinstance(manifest, list) else [manifest])
+        )
+        return self.kubectl("apply", "-f", "-", *args, input=text)
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def add_nodes(self, nodes: Sequence[FakeNode], *, deadline: float | None = None) -> None:
+        if not nodes:
+            return
+        manifests = [n.manifest() for n in nodes]
+        self.apply(manifests)
+        # Node status is also a subresource: set capacity there too, so it holds whether or not create kept it.
+        for m in manifests:
+            self.kubectl(
+                "patch",
+                "node",
+                m["metadata"]["name"],
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps(
+                    {"status": {"capacity": m["status"]["capacity"], "allocatable": m["status"]["allocatable"]}}
+                ),
+            )
+        remaining = max(5.0, (deadline or time.monotonic() + 60) - time.monotonic())
+        self.kubectl(
+            "wait",
+            "--for=condition=Ready",
+            "--timeout",
+            f"{int(remaining)}s",
+            *[f"node/{n.name}" for n in nodes],
+            timeout=remaining + 10,
+        )
+
+    def write_requests(self) -> list[dict]:
+        """Every write request the API server has audited so far (one dict per request)."""
+        events = []
+        with contextlib.suppress(FileNotFoundError), open(self.audit_log) as f:
+            for line in f:
+                with contextlib.suppress(json.JSONDecodeError):
+                    ev = json.loads(line)
+                    if ev.get("stage") == "ResponseComplete":
+                        events.append(ev)
+        return events
+
+    def component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: Sequence[object]) -> Component:
+        assert self.workdir is not None
+        log = self.workdir / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=None if self.detached else _die_with_parent,
+            )
+        comp = Component(name, proc, log)
+        self.components.append(comp)
+        return comp
+
+    def _wait(self, comp: Component, ready, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if comp.proc.poll() is not None:
+                raise HarnessError(f"{comp.name} exited with {comp.proc.returncode}; last log lines:\n{comp.tail()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise HarnessError(f"{comp.name} was not ready in time; last log lines:\n{comp.tail()}")
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(str(self.admin_pair.cert), str(self.admin_pair.key))
+        return ctx
+
+    def _readyz(self) -> bool:
+        return _http_ok(f"{self.server}/readyz", self._ssl())
+
+    def _wait_default_service_account(self, deadline: float) -> None:
+        # Pods in "default" are refused until the controller-manager has made its ServiceAccount.
+        kcm = self.component("kube-controller-manager")
+        self._wait(kcm, lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0, deadline)
+        for c in self.components:
+            if c.proc.poll() is not None:
+                raise HarnessError(f"{c.name} exited with {c.proc.returncode}; last log lines:\n{c.tail()}")
+
+    def state(self) -> dict:
+        return {
+            "workdir": str(self.workdir),
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "pids": {c.name: c.proc.pid for c in self.components},
+        }
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def kill_pids(pids: dict[str, int]) -> None:
+    """Stop a detached cluster's components by process group (make cluster-down)."""
+    for pid in reversed(list(pids.values())):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    end = time.monotonic() + 10
+    for pid in pids.values():
+        while time.monotonic() < end and _alive(pid):
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def running(**kwargs) -> Iterator[Cluster]:
+    with Cluster(**kwargs) as c:
+        yield c

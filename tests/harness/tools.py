@@ -1,0 +1,174 @@
+"""The pinned Kubernetes tools: where their binaries live and how to build them from hack/tools/*/go.mod.
+
+Each tool is an ordinary Go module build at the exact version its go.mod pins. Binaries go to
+``${ATOM_TOOLS_DIR:-~/.cache/atom/tools}/<module>-<version>/bin``, so a version bump builds afresh and an
+unchanged pin is reused as is (a warm ``make tools`` only checks that the files exist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GO_MODULES = REPO / "hack" / "tools"
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """One go.mod under hack/tools and the commands it builds."""
+
+    name: str  # folder under hack/tools
+    module: str  # the upstream module whose version names the cache folder
+    packages: dict[str, str]  # binary name -> Go package path
+    version_ldflags: tuple[str, ...] = ()
+
+    @property
+    def version(self) -> str:
+        text = (GO_MODULES / self.name / "go.mod").read_text()
+        m = re.search(rf"^\s*(?:require\s+)?{re.escape(self.module)}\s+(v\S+)", text, re.M)
+        if not m:
+            raise RuntimeError(f"hack/tools/{self.name}/go.mod does not require {self.module}")
+        return m.group(1)
+
+    def bin_dir(self) -> Path:
+        return tools_dir() / f"{self.name}-{self.version}" / "bin"
+
+    def ldflags(self) -> str:
+        v = self.version
+        flags = ["-s", "-w"]
+        if self.version_ldflags:
+            major, minor = v.lstrip("v").split(".")[:2]
+            values = {"version": v, "major": major, "minor": minor}
+            flags += ["-X " + f.format(**values) for f in self.version_ldflags]
+        return " ".join(flags)
+
+
+_K8S_VERSION = (
+    "k8s.io/component-base/version.gitVersion={version}",
+    "k8s.io/component-base/version.gitMajor={major}",
+    "k8s.io/component-base/version.gitMinor={minor}",
+    "k8s.io/component-base/version.gitTreeState=clean",
+)
+
+TOOLSETS = (
+    ToolSet(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        {
+            name: f"k8s.io/kubernetes/cmd/{name}"
+            for name in (
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kubectl",
+                "kubelet",
+                "kube-proxy",
+            )
+        },
+        _K8S_VERSION,
+    ),
+    ToolSet("etcd", "go.etcd.io/etcd/server/v3", {"etcd": "go.etcd.io/etcd/server/v3"}),
+    ToolSet("kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+    ToolSet("helm", "helm.sh/helm/v4", {"helm": "helm.sh/helm/v4/cmd/helm"}),
+    ToolSet("kind", "sigs.k8s.io/kind", {"kind": "sigs.k8s.io/kind"}),
+)
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("ATOM_TOOLS_DIR") or Path.home() / ".cache" / "atom" / "tools")
+
+
+def toolset_of(binary: str) -> ToolSet:
+    for ts in TOOLSETS:
+        if binary in ts.packages:
+            return ts
+    raise KeyError(f"no pinned tool builds {binary!r}")
+
+
+def path(binary: str) -> Path:
+    """The cached binary, built first if it is missing."""
+    ts = toolset_of(binary)
+    exe = ts.bin_dir() / binary
+    if not exe.exists():
+        build(ts)
+    return exe
+
+
+def build(ts: ToolSet, *, log=sys.stderr) -> None:
+    """Build every missing binary of ``ts`` in one ``go build`` (they share most packages)."""
+    out = ts.bin_dir()
+    missing = [b for b in ts.packages if not (out / b).exists()]
+    if not missing:
+        return
+    if shutil.which("go") is None:
+        raise RuntimeError("building the pinned tools needs Go (https://go.dev/dl); none is on PATH")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / "bin.partial"
+    tmp.mkdir(exist_ok=True)
+    started = time.monotonic()
+    print(f"tools: building {', '.join(missing)} from {ts.module}@{ts.version} ...", file=log, flush=True)
+    cmd = ["go", "build", "-trimpath", "-ldflags", ts.ldflags(), "-o", str(tmp) + "/"]
+    cmd += [ts.packages[b] for b in missing]
+    env = {**os.environ, "CGO_ENABLED": os.environ.get("CGO_ENABLED", "0"), "GOFLAGS": "-mod=mod"}
+    subprocess.run(cmd, cwd=GO_MODULES / ts.name, env=env, check=True)
+    for b in missing:
+        built = tmp / _go_binary_name(ts.packages[b])
+        os.replace(built, out / b)  # atomic, so an interrupted build never leaves a half binary in bin/
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"tools: built {ts.name}-{ts.version} in {time.monotonic() - started:.0f}s", file=log, flush=True)
+
+
+def _go_binary_name(package: str) -> str:
+    """The file ``go build -o dir/`` writes: the last path element, skipping a major-version suffix."""
+    parts = package.rstrip("/").split("/")
+    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) and len(parts) > 1 else parts[-1]
+
+
+def kubectl() -> Path:
+    """kubectl within one minor of the pinned server: the preinstalled one if it is, else the built one."""
+    server_minor = int(toolset_of("kube-apiserver").version.split(".")[1])
+    found = shutil.which("kubectl")
+    if found:
+        try:
+            out = subprocess.run(
+                [found, "version", "--client", "-o", "yaml"], capture_output=True, text=True, timeout=10
+            )
+            m = re.search(r"minor:\s*['\"]?(\d+)", out.stdout)
+            if m and abs(int(m.group(1)) - server_minor) <= 1:
+                return Path(found)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return path("kubectl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.harness.tools", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build", help="build every pinned tool that is not cached yet")
+    sub.add_parser("list", help="print each tool's cached path")
+    where = sub.add_parser("path", help="print one tool's path, building it if needed")
+    where.add_argument("binary")
+    args = p.parse_args(argv)
+    if args.cmd == "build":
+        for ts in TOOLSETS:
+            build(ts)
+    elif args.cmd == "list":
+        for ts in TOOLSETS:
+            for b in ts.packages:
+                exe = ts.bin_dir() / b
+                print(f"{b:26} {exe}{'' if exe.exists() else '  (not built)'}")
+    else:
+        print(path(args.binary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""``AtomDeployment.spec``: what a user writes, with the engine's limits enforced on it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from atom_engine import limits
+from atom_engine.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
+from atom_engine.settings import EngineSettings, Role
+
+# The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
+_ENGINE = EngineSettings.model_fields
+
+# Which extended resource a backend's pods request from the device plugin.
+NPU_RESOURCES = {"atom": "rebellions.ai/ATOM", "rngd": "furiosa.ai/rngd"}
+
+SOURCE_PATTERN = r"^(builtin:[a-z0-9][a-z0-9-]*|/.*)$"
+
+
+class ModelSpec(Strict):
+    """The model the deployment serves."""
+
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="Model id served on /v1/models and accepted in requests; defaults to the object's name.",
+    )
+    source: str = Field(
+        max_length=4096,
+        pattern=SOURCE_PATTERN,
+        description="builtin:tiny for the built-in random-weight model (no download), or the absolute path of a"
+        " Hugging Face-layout checkpoint (safetensors) inside the pod, usually where `volume` is mounted.",
+    )
+    volume: FreeForm | None = Field(
+        None,
+        description="A core/v1 volume source (e.g. persistentVolumeClaim, hostPath, image) mounted read-only at"
+        " `source`.",
+    )
+    max_seq_len: int = Field(
+        _ENGINE["max_seq_len"].default,
+        ge=limits.MAX_SEQ_LEN_MIN,
+        le=limits.MAX_SEQ_LEN_MAX,
+        description="Longest sequence (prompt + generated tokens) one KV block holds; compiled into the graphs."
+        f" {limits.MAX_SEQ_LEN_MIN}..{limits.MAX_SEQ_LEN_MAX}.",
+    )
+
+
+class _Placement(Strict):
+    resources: Resources | None = Field(None, description="Extra container resources (cpu, memory).")
+    node_selector: LabelMap | None = Field(
+        None, description="Node labels the pods require, merged with the NPU family's own selector."
+    )
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=32, description="Taints the pods tolerate, e.g. a dedicated NPU node pool's."
+    )
+    affinity: FreeForm | None = Field(None, description="A core/v1 Affinity for the pods.")
+
+
+class DecodeSpec(_Placement):
+    """The decode role: the pods behind the OpenAI endpoint, batching requests in lanes."""
+
+    replicas: int = Field(1, ge=limits.REPLICAS_MIN, description="Decode pods; `kubectl scale` sets this.")
+    backend: Literal[limits.DECODE_BACKENDS] = Field(
+        "atom", description="Where decode runs: atom (Rebellions ATOM NPU) or cpu."
+    )
+    npus_per_replica: int = Field(
+        1,
+        ge=0,
+        le=limits.NPUS_PER_REPLICA_MAX,
+        description="NPUs each decode pod requests (rebellions.ai/ATOM); >= 1 for atom, 0 for cpu.",
+    )
+    lanes: int = Field(
+        _ENGINE["lanes"].default,
+        ge=limits.LANES_MIN,
+        le=limits.LANES_MAX,
+        description="Decode batch slots of the compiled graph: this many requests decode together."
+        f" {limits.LANES_MIN}..{limits.LANES_MAX}.",
+    )
+    kv_blocks: int = Field(
+        _ENGINE["kv_blocks"].default,
+        ge=limits.KV_BLOCKS_MIN,
+        le=limits.KV_BLOCKS_MAX,
+        description="KV-cache blocks compiled in; each holds one whole sequence of up to model.maxSeqLen tokens."
+        " One is the scratch block and each active lane holds one, so at least lanes + 1, and lanes + 2 with"
+        f" prefixCache (the copy source of a prefix hit). At most {limits.KV_BLOCKS_MAX}.",
+    )
+    prefix_cache: bool = Field(
+        _ENGINE["prefix_cache"].default,
+        description="Keep finished sequences' blocks as an LRU prefix cache; a prompt sharing a cached prefix only"
+        " prefills the rest. Needs kvBlocks >= lanes + 2.",
+    )
+    local_prefill: bool = Field(
+        _ENGINE["local_prefill"].default,
+        description="Decode pods may prefill prompts themselves; false makes them remote-only (every prompt is"
+        " prefilled by a prefill worker), which needs prefill.replicas >= 1.",
+    )
+
+
+class PrefillSpec(_Placement):
+    """The prefill role: workers that compute prompts' KV and ship it to decode pods (PD disaggregation)."""
+
+    replicas: int = Field(0, ge=limits.REPLICAS_MIN, description="Prefill worker pods; 0 = no prefill workers.")
+    backend: Literal[limits.PREFILL_BACKENDS] = Field(
+        "atom", description="Where prefill runs: atom (Rebellions ATOM), rngd (FuriosaAI RNGD) or cpu."
+    )
+    npus_per_replica: int = Field(
+        1,
+        ge=0,
+        le=limits.NPUS_PER_REPLICA_MAX,
+        description="NPUs each prefill pod requests (rebellions.ai/ATOM or furiosa.ai/rngd); >= 1 for NPU"
+        " backends, 0 for cpu.",
+    )
+    prefetch_next: bool = Field(
+        _ENGINE["prefetch_next"].default,
+        description="B1 prefetch: send the next queued prompt to a prefill worker while the single lane decodes."
+        " Needs decode.lanes == 1, prefill.replicas >= 1 and decode.localPrefill false.",
+    )
+
+
+class ServiceSpec(Strict):
+    """The Service in front of the decode pods: the OpenAI-compatible endpoint."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    port: int = Field(8000, ge=limits.PORT_MIN, le=limits.PORT_MAX, description="Service port of the endpoint.")
+
+
+class AtomDeploymentSpec(Strict):
+    """An LLM served by decode pods and optional prefill workers on NPU nodes."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    image: str | None = Field(
+        None, min_length=1, max_length=1024, description="Engine image; defaults to the operator's configured image."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Pull policy of the engine image; defaults to the operator's configuration."
+    )
+    # default {} (not absent) so that the CRD's CEL rules can always read the nested defaults.
+    decode: DecodeSpec = Field(
+        default_factory=DecodeSpec, json_schema_extra={"default": {}}, description=DecodeSpec.__doc__
+    )
+    prefill: PrefillSpec = Field(
+        default_factory=PrefillSpec, json_schema_extra={"default": {}}, description=PrefillSpec.__doc__
+    )
+    service: ServiceSpec = Field(
+        default_factory=ServiceSpec, json_schema_extra={"default": {}}, description=ServiceSpec.__doc__
+    )
+
+    @model_validator(mode="after")
+    def _limits(self) -> AtomDeploymentSpec:
+        broken = [r for r in limits.RULES if not r.root and r.violated(self.view())]
+        if broken:
+            view = self.view()
+            raise PydanticCustomError(
+                "engine_limit",
+                "{summary}",
+                {
+                    "summary": "; ".join(r.render(view) for r in broken),
+                    "violations": tuple((f"spec.{r.field}", r.render(view)) for r in broken),
+                },
+            )
+        return self
+
+    def view(self, name: str | None = None) -> limits.EngineView:
+        return limits.EngineView(
+            lanes=self.decode.lanes,
+            kv_blocks=self.decode.kv_blocks,
+            prefix_cache=self.decode.prefix_cache,
+            local_prefill=self.decode.local_prefill,
+            prefetch_next=self.prefill.prefetch_next,
+            prefill_replicas=self.prefill.replicas,
+            decode_backend=self.decode.backend,
+            decode_npus=self.decode.npus_per_replica,
+            prefill_backend=self.prefill.backend,
+            prefill_npus=self.prefill.npus_per_replica,
+            name=name,
+        )
+
+
+def npu_demand(spec: AtomDeploymentSpec) -> dict[str, int]:
+    """Extended resource name -> NPUs all replicas of both roles request together."""
+    demand: dict[str, int] = {}
+    for role in (spec.decode, spec.prefill):
+        resource = NPU_RESOURCES.get(role.backend)
+        if resource and role.replicas and role.npus_per_replica:
+            demand[resource] = demand.get(resource, 0) + role.replicas * role.npus_per_replica
+    return demand
+
+
+def engine_settings(
+    spec: AtomDeploymentSpec, role: Role, *, name: str, prefill_workers: str | None = None
+) -> EngineSettings:
+    """The settings one ``role`` pod of the deployment ``name`` runs with.
+
+    ``prefill_workers`` is the host:port of the prefill Service; decode pods get it whenever prefill workers
+    exist (it is required then), prefill pods never (they prefill locally and ship the KV).
+    """
+    if role == "standalone":
+        raise ValueError("an AtomDeployment runs decode and prefill pods, not standalone engines")
+    if role == "decode" and spec.prefill.replicas >= 1 and not prefill_workers:
+        raise ValueError("decode settings need prefill_workers (host:port) when prefill.replicas >= 1")
+    decode = role == "decode"
+    return EngineSettings(
+        model_name=spec.model.name or name,
+        model_source=spec.model.source,
+        max_seq_len=spec.model.max_seq_len,
+        backend=spec.decode.backend if decode else spec.prefill.backend,
+        # Prefill workers compile the same shapes as decode so the KV they ship fits decode's blocks.
+        lanes=spec.decode.lanes,
+        kv_blocks=spec.decode.kv_blocks,
+        prefix_cache=spec.decode.prefix_cache if decode else False,
+        local_prefill=spec.decode.local_prefill if decode else True,
+        prefetch_next=spec.prefill.prefetch_next if decode else False,
+        prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,
+    )

@@ -1,0 +1,55 @@
+"""``AtomDeployment.status``: written by the operator, read by users, ``kubectl get`` and the scale subresource."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class _Status(BaseModel):
+    # Status is the operator's own output; tolerate fields a newer operator wrote.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(_Status):
+    """A metav1.Condition: Ready, Progressing or Degraded."""
+
+    type: str = Field(max_length=316, description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(None, ge=0, description="metadata.generation the condition is about.")
+    last_transition_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="When status last changed (RFC 3339)."
+    )
+    reason: str | None = Field(None, max_length=1024, description="CamelCase reason of the last transition.")
+    message: str | None = Field(None, max_length=32768, description="What happened, in plain words.")
+
+
+class RoleStatus(_Status):
+    """Pods of one role, as its Deployment reports them."""
+
+    replicas: int = Field(0, ge=0, description="Pods that exist.")
+    ready_replicas: int = Field(0, ge=0, description="Pods that are Ready (model loaded, accepting requests).")
+    updated_replicas: int = Field(0, ge=0, description="Pods running the current settings.")
+    summary: str | None = Field(None, max_length=32, description="ready/desired, shown by kubectl get.")
+
+
+class AtomDeploymentStatus(_Status):
+    """What the operator observed the last time it reconciled."""
+
+    observed_generation: int | None = Field(None, ge=0, description="metadata.generation last reconciled.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing and Degraded.",
+    )
+    decode: RoleStatus | None = Field(None, description="Decode pods; decode.replicas backs the scale subresource.")
+    prefill: RoleStatus | None = Field(None, description="Prefill worker pods.")
+    endpoint: str | None = Field(
+        None, max_length=1024, description="OpenAI base URL, http://<name>.<namespace>.svc:<port>/v1."
+    )
+    selector: str | None = Field(
+        None, max_length=4096, description="Label selector of the decode pods, for the scale subresource (HPA)."
+    )

@@ -1,0 +1,107 @@
+"""Admission review of AtomDeployments: pure functions, no Kubernetes client, no kopf.
+
+The refusals are exactly what the CRD's schema and CEL rules refuse (the same models and
+:mod:`atom_engine.limits`), so the webhook never contradicts the API server. On top, it warns about what CEL
+cannot see: NPUs the cluster does not have, a model volume whose claim does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from atom_engine.api import AtomDeploymentSpec, npu_demand, problems
+from atom_engine.api.kube import depth
+from atom_engine.api.spec import NPU_RESOURCES
+
+# Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
+# nothing downstream, pydantic or kopf's diffing, gets near Python's recursion limit.
+MAX_OBJECT_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Verdict:
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def allowed(self) -> bool:
+        return not self.refusals
+
+
+def review(
+    obj: Any,
+    *,
+    old: Any = None,
+    allocatable: Mapping[str, int] | None = None,
+    claims: Collection[str] | None = None,
+) -> Verdict:
+    """Review a CREATE (``old`` None) or UPDATE of ``obj``, both dicts as the API server sends them.
+
+    ``allocatable`` maps an NPU resource to the cluster's total allocatable (None: unknown, no warning);
+    ``claims`` holds the PersistentVolumeClaim names of the object's namespace (None: unknown).
+    """
+    if not isinstance(obj, Mapping):
+        return Verdict([f"object: must be a JSON object; got {type(obj).__name__}"])
+    if depth(obj) > MAX_OBJECT_DEPTH:
+        return Verdict([f"object: must be nested at most {MAX_OBJECT_DEPTH} levels deep"])
+    found = problems(obj)
+    if found:
+        return Verdict([str(p) for p in found])
+    # kopf's own annotation and finalizer patches are UPDATEs too; only a spec change deserves new warnings.
+    if isinstance(old, Mapping) and old.get("spec") == obj.get("spec"):
+        return Verdict()
+    spec = AtomDeploymentSpec.model_validate(obj["spec"])
+    return Verdict(warnings=[*npu_warnings(spec, allocatable), *volume_warnings(spec, obj, claims)])
+
+
+def npu_warnings(spec: AtomDeploymentSpec, allocatable: Mapping[str, int] | None) -> list[str]:
+    if allocatable is None:
+        return []
+    out = []
+    for resource, need in npu_demand(spec).items():
+        have = allocatable.get(resource, 0)
+        if need > have:
+            roles = ", ".join(
+                f"{name} {r.replicas} × {r.npus_per_replica}"
+                for name, r in (("decode", spec.decode), ("prefill", spec.prefill))
+                if NPU_RESOURCES.get(r.backend) == resource and r.replicas
+            )
+            out.append(
+                f"needs {need} {resource}, cluster has {have} allocatable ({roles}); pods that do not fit stay Pending"
+            )
+    return out
+
+
+def volume_warnings(spec: AtomDeploymentSpec, obj: Mapping[str, Any], claims: Collection[str] | None) -> list[str]:
+    volume = spec.model.volume or {}
+    pvc = volume.get("persistentVolumeClaim")
+    claim = pvc.get("claimName") if isinstance(pvc, Mapping) else None
+    if claims is None or not isinstance(claim, str) or claim in claims:
+        return []
+    namespace = obj.get("metadata", {}).get("namespace") or "default"
+    return [
+        f"spec.model.volume.persistentVolumeClaim.claimName: PersistentVolumeClaim '{claim}' does not exist in"
+        f" namespace '{namespace}'; pods stay Pending until it does"
+    ]
+
+
+def node_npus(allocatable: Mapping[str, Any]) -> dict[str, int]:
+    """The NPU resources of one node's ``status.allocatable`` (extended resources are whole numbers)."""
+    out = {}
+    for resource in NPU_RESOURCES.values():
+        value = allocatable.get(resource)
+        try:
+            out[resource] = int(str(value))
+        except ValueError:
+            continue
+    return out
+
+
+def total(per_node: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    sums: dict[str, int] = {}
+    for npus in per_node:
+        for resource, count in npus.items():
+            sums[resource] = sums.get(resource, 0) + count
+    return sums

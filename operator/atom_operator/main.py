@@ -1,0 +1,66 @@
+"""The kopf entry module (``kopf run -m atom_operator.main``): operator settings and thin handlers.
+
+Handlers only adapt kopf's arguments and call plain functions (:mod:`atom_operator.admission`, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from atom_engine.api import GROUP, PLURAL, VERSION
+
+from atom_operator import admission, webhook
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Every operator-wide setting, in one place."""
+    # kopf's bookkeeping lives under our group, not kopf.zalando.org, and never in status (the CRD prunes it).
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Reconnect watches every few minutes so a silently dropped connection cannot stall the operator for long.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    # Handler log lines become Events only from WARNING up; the reconciler posts its own Events explicitly.
+    settings.posting.level = logging.WARNING
+    settings.admission.server = webhook.server_from_env()
+    settings.admission.managed = os.environ.get("ATOM_WEBHOOK_MANAGED") or None
+
+
+@kopf.index("nodes")
+def npu_allocatable(status: kopf.Status, **_: Any) -> dict[str, int]:
+    """NPU resource -> allocatable count, per node; the webhook sums it (watched, never polled)."""
+    return admission.node_npus(status.get("allocatable") or {})
+
+
+@kopf.index("persistentvolumeclaims")
+def claims(namespace: str, name: str, **_: Any) -> dict[str, str]:
+    return {namespace: name}
+
+
+@kopf.on.validate(GROUP, VERSION, PLURAL, id=webhook.HANDLER_ID, operations=["CREATE", "UPDATE"], ignore_failures=True)
+def validate(
+    body: kopf.Body,
+    old: kopf.Body | None,
+    namespace: str | None,
+    warnings: list[str],
+    npu_allocatable: kopf.Index[str, int],
+    claims: kopf.Index[str, str],
+    **_: Any,
+) -> None:
+    verdict = admission.review(
+        dict(body),
+        old=dict(old) if old is not None else None,
+        allocatable=admission.total([{r: sum(npu_allocatable.get(r, []))} for r in npu_allocatable]),
+        claims=set(claims.get(namespace, [])) if namespace else None,
+    )
+    warnings.extend(verdict.warnings)
+    if not verdict.allowed:
+        raise kopf.AdmissionError("; ".join(verdict.refusals), code=422)

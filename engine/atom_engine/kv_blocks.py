@@ -94,13 +94,13 @@ class KVBlocks:
             return Allocation(self.lanes[owner])
         key, n = hit
         source = self.cache[key]
-        self.cache.move_to_end(key)  # a hit is a use
         self.pins[source] = self.pins.get(source, 0) + 1
         try:
-            block = self._take()
+            block = self._take()  # the source may be the LRU entry: the pin keeps it
         except NoKVBlockAvailable:
             self.unpin(source)
             raise
+        self.cache.move_to_end(key)  # a hit is a use
         self.lanes[owner] = block
         self.hits += 1
         self.hit_tokens += n

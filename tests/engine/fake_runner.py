@@ -1,0 +1,70 @@
+"""A fake model for batcher tests: each block holds the tokens written at each position, and the next token is a
+hash of the block's contents, so a wrong copy, a wrong position or a stale block changes the output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from atom_engine.sequence import Sequence
+
+VOCAB = 50
+
+
+def next_token(context: list[int]) -> int:
+    h = 7
+    for t in context:
+        h = (h * 31 + t + 1) % 1_000_003
+    return h % VOCAB
+
+
+def reference(prompt: list[int], max_tokens: int, eos: int | None = None) -> list[int]:
+    """What any correct batcher must produce for ``prompt`` (greedy, no other stop)."""
+    ctx, out = list(prompt), []
+    while len(out) < max_tokens:
+        t = next_token(ctx)
+        out.append(t)
+        ctx.append(t)
+        if t == eos:
+            break
+    return out
+
+
+class FakeRunner:
+    def __init__(self, kv_blocks: int, max_seq_len: int, lanes: int) -> None:
+        self.blocks: list[list[int | None]] = [[None] * max_seq_len for _ in range(kv_blocks)]
+        self.lanes = lanes
+        self.decode_calls: list[list[str | None]] = []
+        self.prefill_calls: list[tuple[str, int, int]] = []  # (request id, start, n tokens)
+        self.copies: list[tuple[int, int]] = []
+        self.fault: Callable[[Sequence], bool] = lambda seq: False  # raise while serving these requests
+
+    def _read(self, block: int, upto: int) -> list[int]:
+        ctx = self.blocks[block][:upto]
+        assert None not in ctx, f"block {block} has holes below position {upto}: {ctx}"
+        return ctx  # type: ignore[return-value]
+
+    def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
+        if self.fault(seq):
+            raise RuntimeError(f"injected fault in {seq.id}")
+        self.prefill_calls.append((seq.id, start, len(tokens)))
+        for i, t in enumerate(tokens):
+            self.blocks[seq.block][start + i] = t
+        return next_token(self._read(seq.block, start + len(tokens))) if last else None
+
+    def decode(self, batch: list[Sequence | None]) -> list[int | None]:
+        assert len(batch) == self.lanes
+        self.decode_calls.append([s.id if s else None for s in batch])
+        if any(s is not None and self.fault(s) for s in batch):
+            raise RuntimeError("injected fault in the batch")
+        out: list[int | None] = []
+        for seq in batch:
+            if seq is None:
+                out.append(None)
+                continue
+            self.blocks[seq.block][seq.computed] = seq.tokens[-1]
+            out.append(next_token(self._read(seq.block, seq.computed + 1)))
+        return out
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.copies.append((src, dst))
+        self.blocks[dst] = list(self.blocks[src])

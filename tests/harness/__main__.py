@@ -16,10 +16,15 @@ from pathlib import Path
 from tests.harness.cluster import Cluster, HarnessError, kill_pids
 
 STATE_DIR = Path(os.environ.get("ATOM_CLUSTER_DIR") or Path.home() / ".cache" / "atom" / "cluster")
-NODE_COLUMNS = (
-    "NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].status,"
-    "ATOM:.status.allocatable.rebellions\\.ai/ATOM,RNGD:.status.allocatable.furiosa\\.ai/rngd,"
-    "FAMILY:.metadata.labels.rebellions\\.ai/npu\\.family,PRODUCT:.metadata.labels.rebellions\\.ai/npu\\.product"
+NODE_COLUMNS = ",".join(
+    (
+        "NAME:.metadata.name",
+        "READY:.status.conditions[?(@.type=='Ready')].status",
+        "rebellions.ai/ATOM:.status.allocatable.rebellions\\.ai/ATOM",
+        "furiosa.ai/rngd:.status.allocatable.furiosa\\.ai/rngd",
+        "ATOM-PRODUCT:.metadata.labels.rebellions\\.ai/npu\\.product",
+        "RNGD-PRODUCT:.metadata.labels.furiosa\\.ai/npu\\.product",
+    )
 )
 
 

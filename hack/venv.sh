@@ -25,7 +25,9 @@ fi
 
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.atom-deps 2>/dev/null)" != "$deps" ]; then
   rm -rf .venv
-  "$python" -m venv .venv
+  # No pip or setuptools of its own: those come from the cache too, so the editable build below uses the
+  # locked setuptools rather than whatever the interpreter bundles.
+  "$python" -m venv --without-pip .venv
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   dep_site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "import site; site.addsitedir('$dep_site')" > "$site/_atom_deps.pth"
@@ -33,4 +35,10 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.atom-deps 2>/dev/null)" != "$dep
 fi
 
 # This checkout's packages, editable; --no-deps because the lock already brought everything they need.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e ./engine -e ./operator
+# Editable installs follow code changes by themselves, so they are redone only when packaging changes.
+stamp=$(cat engine/pyproject.toml operator/pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.atom-editable 2>/dev/null)" != "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    -e ./engine -e ./operator
+  echo "$stamp" > .venv/.atom-editable
+fi

@@ -21,6 +21,9 @@ KV_BLOCKS_MAX = 4096
 MAX_SEQ_LEN_MIN = 64
 MAX_SEQ_LEN_MAX = 32768
 REPLICAS_MIN = 0
+# CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
+CEL_INT_DIGITS = 5
+REPLICAS_MAX = 10**CEL_INT_DIGITS - 1
 NPUS_PER_REPLICA_MAX = 64
 PORT_MIN = 1
 PORT_MAX = 65535
@@ -69,6 +72,7 @@ class Term:
     py: Callable[[EngineView], object]
     cel: str
     cel_is_string: bool = False
+    cel_is_bool: bool = False
 
     def render(self, view: EngineView) -> str:
         value = self.py(view)
@@ -77,7 +81,11 @@ class Term:
         return str(value)
 
     def cel_string(self) -> str:
-        return self.cel if self.cel_is_string else f"string({self.cel})"
+        if self.cel_is_string:
+            return self.cel
+        if self.cel_is_bool:
+            return f"(({self.cel}) ? 'true' : 'false')"
+        return _cel_int_string(self.cel)
 
 
 Part = str | Term
@@ -117,14 +125,31 @@ def _cel_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _t(py: Callable[[EngineView], object], cel: str, *, string: bool = False) -> Term:
-    return Term(py, cel, string)
+def _t(py: Callable[[EngineView], object], cel: str, *, string: bool = False, boolean: bool = False) -> Term:
+    return Term(py, cel, string, boolean)
+
+
+_CEL_DIGITS = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
+
+
+def _cel_int_string(expr: str) -> str:
+    """CEL for str(int) of ``expr`` (|value| < 10**CEL_INT_DIGITS), built from one-character strings.
+
+    CEL's own string(int) has no size bound in the API server's cost estimator, so every message that
+    concatenates one is refused with "estimated messageExpression cost exceeds budget" (kubernetes#124234).
+    """
+    magnitude = f"(({expr}) < 0 ? -({expr}) : ({expr}))"
+    parts = [f"(({expr}) < 0 ? '-' : '')"]
+    for k in range(CEL_INT_DIGITS - 1, 0, -1):
+        parts.append(f"({magnitude} >= {10**k} ? {_CEL_DIGITS}[{magnitude} / {10**k} % 10] : '')")
+    parts.append(f"{_CEL_DIGITS}[{magnitude} % 10]")
+    return "(" + " + ".join(parts) + ")"
 
 
 LANES = _t(lambda v: v.lanes, "self.decode.lanes")
 KV_BLOCKS = _t(lambda v: v.kv_blocks, "self.decode.kvBlocks")
 PREFILL_REPLICAS = _t(lambda v: v.prefill_replicas, "self.prefill.replicas")
-LOCAL_PREFILL = _t(lambda v: v.local_prefill, "self.decode.localPrefill")
+LOCAL_PREFILL = _t(lambda v: v.local_prefill, "self.decode.localPrefill", boolean=True)
 
 _NPU_BACKENDS_CEL = "[" + ", ".join(f"'{b}'" for b in NPU_BACKENDS) + "]"
 

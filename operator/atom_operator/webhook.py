@@ -159,7 +159,7 @@ def configuration(
     elif "service" in client:
         client["service"] = {**client["service"], "path": f"/{HANDLER_ID}"}
     hook: dict[str, Any] = {
-        "name": name,
+        "name": WEBHOOK_NAME,  # a webhook's own name must be a three-part domain; the configuration's need not
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
         "failurePolicy": FAILURE_POLICY,

@@ -38,11 +38,13 @@ class Case:
     def object_name(self) -> str:
         return self.name or re.sub(r"[^a-z0-9-]", "-", self.id.lower())[: limits.NAME_MAX_LENGTH].strip("-")
 
-    def manifest(self, api_version: str = "serving.atom.dev/v1alpha1", namespace: str | None = None) -> dict:
+    def manifest(
+        self, api_version: str = "serving.atom.dev/v1alpha1", namespace: str | None = None, kind: str = "AtomDeployment"
+    ) -> dict:
         meta: dict[str, Any] = {"name": self.object_name}
         if namespace:
             meta["namespace"] = namespace
-        return {"apiVersion": api_version, "kind": "AtomDeployment", "metadata": meta, "spec": copy.deepcopy(self.spec)}
+        return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": copy.deepcopy(self.spec)}
 
 
 def spec(decode: dict | None = None, prefill: dict | None = None, **top: Any) -> dict[str, Any]:

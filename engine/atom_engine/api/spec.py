@@ -63,9 +63,11 @@ class _Placement(Strict):
 class DecodeSpec(_Placement):
     """The decode role: the pods behind the OpenAI endpoint, batching requests in lanes."""
 
-    replicas: int = Field(1, ge=limits.REPLICAS_MIN, description="Decode pods; `kubectl scale` sets this.")
+    replicas: int = Field(
+        1, ge=limits.REPLICAS_MIN, le=limits.REPLICAS_MAX, description="Decode pods; `kubectl scale` sets this."
+    )
     backend: Literal[limits.DECODE_BACKENDS] = Field(
-        "atom", description="Where decode runs: atom (Rebellions ATOM NPU) or cpu."
+        "atom", json_schema_extra={"maxLength": 8}, description="Where decode runs: atom (Rebellions ATOM NPU) or cpu."
     )
     npus_per_replica: int = Field(
         1,
@@ -103,9 +105,13 @@ class DecodeSpec(_Placement):
 class PrefillSpec(_Placement):
     """The prefill role: workers that compute prompts' KV and ship it to decode pods (PD disaggregation)."""
 
-    replicas: int = Field(0, ge=limits.REPLICAS_MIN, description="Prefill worker pods; 0 = no prefill workers.")
+    replicas: int = Field(
+        0, ge=limits.REPLICAS_MIN, le=limits.REPLICAS_MAX, description="Prefill worker pods; 0 = no prefill workers."
+    )
     backend: Literal[limits.PREFILL_BACKENDS] = Field(
-        "atom", description="Where prefill runs: atom (Rebellions ATOM), rngd (FuriosaAI RNGD) or cpu."
+        "atom",
+        json_schema_extra={"maxLength": 8},
+        description="Where prefill runs: atom (Rebellions ATOM), rngd (FuriosaAI RNGD) or cpu.",
     )
     npus_per_replica: int = Field(
         1,

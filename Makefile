@@ -25,6 +25,10 @@ venv: ## .venv with the locked dependencies (cached outside the repo, keyed by r
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)
 	python3 -m tests.harness.tools build
 
+.PHONY: crds
+crds: venv ## regenerate crds/ from the spec models (a test fails when the committed CRD is stale)
+	$(PY) -m atom_engine.api.crd
+
 .PHONY: lint
 lint: venv ## ruff
 	$(PY) -m ruff check .

@@ -1,0 +1,67 @@
+# Two images from one file:
+#   docker build --target operator -t atom-operator:0.1.0 .   the operator (kopf), without torch
+#   docker build --target engine   -t atom-engine:0.1.0 .     the serving engine, torch on the CPU by default
+# `make docker-build` builds both (python -m tests.harness.docker build operator engine), also where nothing
+# can be pulled and the package index is not reachable from containers (see tests/harness/docker.py).
+#
+# Build arguments:
+#   BASE_IMAGE         any image with Python 3.11, `python3 -m venv` and `useradd` (a Debian/Ubuntu family image)
+#   ENGINE_BASE_IMAGE  the engine's base; defaults to BASE_IMAGE. For ATOM NPUs, a Rebellions RBLN SDK image whose
+#                      Python 3.11 carries the vendor SDK (`rebel`): the engine's venv sees the base's
+#                      site-packages, so the SDK is used as installed there.
+#   WHEELS_URL         a --find-links URL holding every wheel of the lock (then no index is used); empty: the
+#                      default package index
+#
+# Layers, from least to most often changed: base, venv + locked dependencies (requirements/<target>.lock, exact
+# pins, installed with --no-deps because the lock is the complete closure), the project's source, the user.
+# The legacy builder builds the stages in file order, so the small operator stage comes first.
+
+ARG BASE_IMAGE=python:3.11-slim
+ARG ENGINE_BASE_IMAGE=${BASE_IMAGE}
+
+# ---------------------------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS operator
+ARG WHEELS_URL=""
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/atom \
+    PATH=/opt/atom/bin:$PATH
+RUN python3 -m venv /opt/atom
+COPY requirements/operator.lock /tmp/requirements.lock
+RUN pip install --quiet --no-deps ${WHEELS_URL:+--no-index --find-links "$WHEELS_URL"} -r /tmp/requirements.lock \
+ && rm /tmp/requirements.lock
+# The operator imports the spec models and limits from the engine's torch-free base install.
+COPY engine/ /tmp/src/engine/
+COPY operator/ /tmp/src/operator/
+# --no-build-isolation: setuptools comes from the lock rather than from an index at build time.
+RUN pip install --quiet --no-deps --no-build-isolation /tmp/src/engine /tmp/src/operator && rm -rf /tmp/src
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin atom
+# Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd.
+USER 10001:10001
+ENTRYPOINT ["atom-operator"]
+
+# ---------------------------------------------------------------------------------------------------------------
+FROM ${ENGINE_BASE_IMAGE} AS engine
+ARG WHEELS_URL=""
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/atom \
+    PATH=/opt/atom/bin:$PATH \
+    HOME=/tmp
+# --system-site-packages: on an RBLN base the vendor SDK lives in the base's Python and is not on a public index.
+RUN python3 -m venv --system-site-packages /opt/atom
+COPY requirements/engine.lock /tmp/requirements.lock
+RUN pip install --quiet --no-deps ${WHEELS_URL:+--no-index --find-links "$WHEELS_URL"} -r /tmp/requirements.lock \
+ && rm /tmp/requirements.lock
+COPY engine/ /tmp/src/engine/
+RUN pip install --quiet --no-deps --no-build-isolation /tmp/src/engine && rm -rf /tmp/src
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin atom
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["atom-engine"]

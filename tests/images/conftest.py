@@ -1,0 +1,29 @@
+"""Session fixtures for tests that need Docker: a daemon that answers and the two images, built once per run.
+
+Other suites (real node, kind) can reuse them with ``from tests.images.conftest import engine_image`` or by
+calling :func:`tests.harness.docker.build` themselves.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import docker
+
+
+@pytest.fixture(scope="session")
+def docker_daemon() -> None:
+    """A Docker daemon that answers: the one running, or dockerd started in the background."""
+    docker.ensure_daemon()
+
+
+@pytest.fixture(scope="session")
+def operator_image(docker_daemon: None) -> docker.BuildResult:
+    """``docker build --target operator``: a real build, cached layers reused when nothing changed."""
+    return docker.build("operator")
+
+
+@pytest.fixture(scope="session")
+def engine_image(docker_daemon: None) -> docker.BuildResult:
+    """``docker build --target engine`` (torch; the first build on a machine downloads ~3 GB of wheels)."""
+    return docker.build("engine")

@@ -31,3 +31,23 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def operator_process(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The one operator of the session (reconciler and webhook server), with the CRD installed; restartable.
+
+    Shared by every test directory: two operators reconciling the same objects would fight.
+    """
+    from atom_engine.api.crd import render
+
+    from tests.operator.process import OperatorProcess
+
+    cluster.kubectl("apply", "-f", "-", input=render())
+    cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev", "--timeout=60s")
+    op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()

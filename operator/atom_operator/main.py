@@ -12,11 +12,15 @@ from typing import Any
 import kopf
 from atom_engine.api import GROUP, PLURAL, VERSION
 
-from atom_operator import admission, webhook
+from atom_operator import admission, runtime, webhook
+from atom_operator.children.meta import DEPLOYMENT_LABEL
+
+# Only the children the reconciler labelled (never every pod or ConfigMap in the cluster) reach its handlers.
+CHILD = {DEPLOYMENT_LABEL: kopf.PRESENT}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every operator-wide setting, in one place."""
     # kopf's bookkeeping lives under our group, not kopf.zalando.org, and never in status (the CRD prunes it).
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -32,6 +36,35 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.admission.server = webhook.server_from_env()
     settings.admission.managed = os.environ.get("ATOM_WEBHOOK_MANAGED") or None
+    # The reconciler: its work queue, API client, and /metrics + /healthz (the liveness endpoint).
+    memo.runtime = await runtime.start(settings)
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.runtime.stop()
+
+
+# Reconciler: every watch event only marks an AtomDeployment dirty; the controller's workers converge it.
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def atomdeployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.controller.observe_owner(type, dict(body))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD)
+def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.controller.observe_deployment(type, dict(body))
+
+
+@kopf.on.event("v1", "configmaps", labels=CHILD)
+@kopf.on.event("v1", "services", labels=CHILD)
+def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.controller.observe_child(type, dict(body))
+
+
+@kopf.on.event("v1", "pods", labels=CHILD)
+def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.controller.observe_pod(type, dict(body))
 
 
 @kopf.index("nodes")

@@ -1,0 +1,30 @@
+"""The ConfigMap of one role: the engine settings YAML its pods read with ``--config``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atom_engine.api import engine_settings
+
+from atom_operator.children.meta import Owner, Role, config_name, metadata, prefill_service_name
+
+CONFIG_KEY = "engine.yaml"
+CONFIG_DIR = "/etc/atom"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+HTTP_PORT = 8000
+
+
+def prefill_address(owner: Owner) -> str:
+    """host:port of the prefill workers: the headless Service resolves to every ready prefill pod."""
+    return f"{prefill_service_name(owner)}.{owner.namespace}.svc:{HTTP_PORT}"
+
+
+def build_configmap(owner: Owner, role: Role) -> dict[str, Any]:
+    workers = prefill_address(owner) if role == "decode" and owner.spec.prefill.replicas >= 1 else None
+    settings = engine_settings(owner.spec, role, name=owner.name, prefill_workers=workers)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, config_name(owner, role), role),
+        "data": {CONFIG_KEY: settings.dump()},
+    }

@@ -1,0 +1,114 @@
+"""Names, labels and the owner reference every child of an AtomDeployment carries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from atom_engine.api import GROUP, KIND, VERSION, AtomDeploymentSpec
+from atom_engine.limits import CHILD_NAME_SUFFIXES
+
+Role = Literal["decode", "prefill"]
+ROLES: tuple[Role, ...] = ("decode", "prefill")
+
+APP_NAME = "atom-engine"
+DEPLOYMENT_LABEL = f"{GROUP}/deployment"
+# The hash of what the operator last applied to a child: a spec change that only removes a field still shows.
+APPLIED_HASH = f"{GROUP}/applied-hash"
+# The hash of a role's ConfigMap on its pod template: a settings change rolls the pods.
+CONFIG_HASH = f"{GROUP}/config-hash"
+MANAGER = "atom-operator"
+
+# The suffixes are defined with the name-length limit (limits.CHILD_NAME_SUFFIXES); unpack them so a new child
+# kind cannot be named here without the limit knowing about it.
+_SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG = CHILD_NAME_SUFFIXES
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The AtomDeployment the children are built from: its identity and its validated spec."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: AtomDeploymentSpec
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The operator's configuration for what the spec leaves open."""
+
+    image: str = "ghcr.io/atom-dev/atom-engine:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+
+
+def service_name(owner: Owner) -> str:
+    return owner.name + _SERVICE
+
+
+def workload_name(owner: Owner, role: Role) -> str:
+    return owner.name + (_DECODE if role == "decode" else _PREFILL)
+
+
+def prefill_service_name(owner: Owner) -> str:
+    # The headless Service shares the prefill Deployment's name: different kinds, one name per role.
+    return owner.name + _PREFILL
+
+
+def config_name(owner: Owner, role: Role) -> str:
+    return owner.name + (_DECODE_CONFIG if role == "decode" else _PREFILL_CONFIG)
+
+
+def selector_labels(owner: Owner, role: Role) -> dict[str, str]:
+    """The labels a role's pods are selected by (immutable in a Deployment, so nothing that can change)."""
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": role,
+    }
+
+
+def labels(owner: Owner, role: Role | None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/managed-by": MANAGER,
+        DEPLOYMENT_LABEL: owner.name,
+    }
+    if role is not None:
+        out["app.kubernetes.io/component"] = role
+    return out
+
+
+def selector_string(owner: Owner, role: Role) -> str:
+    """The label selector of a role's pods as a string (status.selector, for the scale subresource)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner, role).items()))
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        # Foreground deletion of the AtomDeployment waits for its children.
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(owner: Owner, name: str, role: Role | None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner, role),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of a JSON-like value."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

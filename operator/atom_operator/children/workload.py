@@ -1,0 +1,147 @@
+"""The Deployment of one role: engine pods on the role's NPU nodes, hardened to the restricted Pod Security profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atom_engine.api.spec import NPU_RESOURCES
+
+from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
+from atom_operator.children.meta import (
+    CONFIG_HASH,
+    Defaults,
+    Owner,
+    Role,
+    config_name,
+    labels,
+    metadata,
+    selector_labels,
+    workload_name,
+)
+
+METRICS_PORT = 9090
+SCRATCH_DIR = "/tmp"
+# A non-root uid/gid that exists in distroless-style images; the image must not need root.
+RUN_AS = 65532
+# The device plugins label the nodes that carry each NPU family.
+NPU_NODE_SELECTORS = {
+    "atom": {"rebellions.ai/npu.present": "true"},
+    "rngd": {"furiosa.ai/npu.present": "true"},
+}
+
+
+def engine_command(role: Role) -> list[str]:
+    """The engine CLI every pod runs; the only place the operator spells it."""
+    return ["atom-engine", "serve", "--role", role, "--config", CONFIG_PATH, "--port", str(HTTP_PORT)]
+
+
+def _resources(owner: Owner, role: Role) -> dict[str, Any]:
+    spec = owner.spec.decode if role == "decode" else owner.spec.prefill
+    user = spec.resources
+    # Quantities as strings: the API server stores them so, and the applier compares what it reads back.
+    out = {
+        kind: {k: str(v) for k, v in (getattr(user, kind) or {}).items()}
+        for kind in ("limits", "requests")
+        if user is not None and getattr(user, kind)
+    }
+    npu = NPU_RESOURCES.get(spec.backend)
+    if npu and spec.npus_per_replica:
+        # Extended resources are requested through limits (requests default to them and may not differ).
+        out.setdefault("limits", {})[npu] = str(spec.npus_per_replica)
+        out.get("requests", {}).pop(npu, None)
+    return out
+
+
+def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+    spec = owner.spec
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "scratch", "mountPath": SCRATCH_DIR},
+    ]
+    if spec.model.volume:
+        mounts.append({"name": "model", "mountPath": spec.model.source, "readOnly": True})
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.image or defaults.image,
+        "imagePullPolicy": spec.image_pull_policy or defaults.image_pull_policy,
+        "command": engine_command(role),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        # Ready once the model is loaded and requests are accepted; alive while the server answers at all.
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            # Compiling static graphs for an NPU takes minutes; the readiness probe gates traffic meanwhile.
+            "initialDelaySeconds": 30,
+        },
+        "env": [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}],
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    resources = _resources(owner, role)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+    spec = owner.spec.decode if role == "decode" else owner.spec.prefill
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_name(owner, role)}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    if owner.spec.model.volume:
+        volumes.append({"name": "model", **owner.spec.model.volume})
+    pod: dict[str, Any] = {
+        "containers": [_container(owner, role, defaults)],
+        "volumes": volumes,
+        "enableServiceLinks": False,  # hundreds of Services in a namespace would flood the environment
+        "automountServiceAccountToken": False,  # the engine never calls the API server
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    # The user's selector narrows the NPU family's; the family's own label always wins.
+    node_selector = {**(spec.node_selector or {}), **NPU_NODE_SELECTORS.get(spec.backend, {})}
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if spec.tolerations:
+        pod["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if spec.affinity:
+        pod["affinity"] = spec.affinity
+    return pod
+
+
+def build_deployment(owner: Owner, role: Role, config_hash: str, defaults: Defaults) -> dict[str, Any]:
+    """The role's Deployment; ``config_hash`` is the digest of its ConfigMap, so new settings roll the pods."""
+    spec = owner.spec.decode if role == "decode" else owner.spec.prefill
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, workload_name(owner, role), role),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner, role)},
+            # NPU nodes are usually full: a surge pod could never schedule and the rollout would stall, so
+            # replace one pod at a time in place instead.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": labels(owner, role), "annotations": {CONFIG_HASH: config_hash}},
+                "spec": _pod_spec(owner, role, defaults),
+            },
+        },
+    }

@@ -1,0 +1,43 @@
+"""The operator's Prometheus metrics and its HTTP endpoint (/metrics, /healthz for the liveness probe)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp.web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry()
+RECONCILES = Counter(
+    "atom_operator_reconciles_total",
+    "Reconciles of AtomDeployments, by result (unchanged, changed, retry, error).",
+    ["result"],
+    registry=REGISTRY,
+)
+ERRORS = Counter("atom_operator_errors_total", "Reconciles that failed, by kind of error.", ["kind"], registry=REGISTRY)
+DURATION = Histogram(
+    "atom_operator_reconcile_duration_seconds",
+    "Time one reconcile takes.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+WRITES = Counter("atom_operator_child_writes_total", "Children written, by action.", ["action"], registry=REGISTRY)
+QUEUE = Gauge("atom_operator_queue_depth", "AtomDeployments waiting to be reconciled.", registry=REGISTRY)
+OBJECTS = Gauge("atom_operator_atomdeployments", "AtomDeployments the operator watches.", registry=REGISTRY)
+
+
+async def serve(addr: str, port: int, alive: Callable[[], bool]) -> aiohttp.web.AppRunner:
+    async def metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        # Alive while the reconcile workers run; a dead worker pool cannot heal itself, so let the kubelet restart.
+        return aiohttp.web.Response(text="ok\n") if alive() else aiohttp.web.Response(status=503, text="workers down\n")
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    runner = aiohttp.web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, addr, port).start()
+    return runner

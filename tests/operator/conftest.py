@@ -1,0 +1,44 @@
+"""The operator tests' fixtures: the shared operator, spare NPU nodes, and small helpers to wait on the cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.harness.cluster import FakeNode, atom_node, rngd_node
+from tests.operator.process import OperatorProcess
+
+# Spare capacity for this directory, so pods of namespaces still being torn down never starve a test.
+NODES = [atom_node(f"atom-op-{i}", 4) for i in range(3)] + [rngd_node("rngd-op-0", 2)]
+# A node only the over-demand test selects: exactly 4 NPUs, so it knows how many pods fit.
+SMALL_POOL = "serving.atom.dev/test-pool"
+SMALL = FakeNode("atom-small-0", {**atom_node("x").labels, SMALL_POOL: "small"}, {"rebellions.ai/ATOM": "4"})
+
+
+@pytest.fixture(scope="session")
+def op(cluster, operator_process) -> OperatorProcess:
+    cluster.add_nodes([*NODES, SMALL])
+    return operator_process
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120, interval: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+
+
+def atomdeployment(name: str, namespace: str, **spec: Any) -> dict:
+    return {
+        "apiVersion": "serving.atom.dev/v1alpha1",
+        "kind": "AtomDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"source": "builtin:tiny"}, **spec},
+    }

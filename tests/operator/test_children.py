@@ -1,0 +1,185 @@
+"""The desired children of an AtomDeployment, built without any API server."""
+
+from __future__ import annotations
+
+import yaml
+from atom_engine.api import AtomDeploymentSpec
+from atom_engine.settings import EngineSettings
+from atom_operator.children import Defaults, Owner, build_children
+from atom_operator.children.meta import APPLIED_HASH, CONFIG_HASH, DEPLOYMENT_LABEL
+from atom_operator.children.workload import engine_command
+
+DEFAULTS = Defaults(image="example.invalid/atom-engine:test", image_pull_policy="Never")
+
+
+def owner(**spec) -> Owner:
+    body = {"model": {"source": "builtin:tiny"}, **spec}
+    return Owner("llm", "ns", "uid-1", AtomDeploymentSpec.model_validate(body, strict=False))
+
+
+def by_kind(o: Owner) -> dict[tuple[str, str], dict]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in build_children(o, DEFAULTS).desired}
+
+
+PD = {
+    "decode": {"replicas": 2, "npusPerReplica": 4, "lanes": 1, "kvBlocks": 3, "localPrefill": False},
+    "prefill": {"replicas": 1, "backend": "rngd", "npusPerReplica": 2, "prefetchNext": True},
+}
+
+
+def test_decode_only_has_config_service_and_deployment_and_no_prefill() -> None:
+    children = build_children(owner(), DEFAULTS)
+    assert [(c["kind"], c["metadata"]["name"]) for c in children.desired] == [
+        ("ConfigMap", "llm-decode-config"),
+        ("Service", "llm"),
+        ("Deployment", "llm-decode"),
+    ]
+    assert children.absent == [
+        ("Deployment", "llm-prefill"),
+        ("Service", "llm-prefill"),
+        ("ConfigMap", "llm-prefill-config"),
+    ]
+
+
+def test_pd_has_every_child_in_apply_order() -> None:
+    assert list(by_kind(owner(**PD))) == [
+        ("ConfigMap", "llm-decode-config"),
+        ("ConfigMap", "llm-prefill-config"),
+        ("Service", "llm"),
+        ("Service", "llm-prefill"),
+        ("Deployment", "llm-prefill"),
+        ("Deployment", "llm-decode"),
+    ]
+    assert build_children(owner(**PD), DEFAULTS).absent == []
+
+
+def test_every_child_is_labelled_and_controlled_by_the_atomdeployment() -> None:
+    for (_, name), child in by_kind(owner(**PD)).items():
+        meta = child["metadata"]
+        assert meta["namespace"] == "ns"
+        assert meta["labels"]["app.kubernetes.io/name"] == "atom-engine"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "llm"
+        assert meta["labels"][DEPLOYMENT_LABEL] == "llm"
+        assert meta["labels"]["app.kubernetes.io/component"] == ("prefill" if "prefill" in name else "decode")
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "serving.atom.dev/v1alpha1",
+                "kind": "AtomDeployment",
+                "name": "llm",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert len(meta["annotations"][APPLIED_HASH]) == 16
+
+
+def test_decode_pods_request_atom_npus_on_atom_nodes_with_the_users_placement() -> None:
+    o = owner(
+        decode={
+            "replicas": 3,
+            "npusPerReplica": 4,
+            "nodeSelector": {"pool": "llm", "rebellions.ai/npu.present": "false"},
+            "tolerations": [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+            "resources": {"limits": {"memory": "16Gi"}, "requests": {"cpu": 2}},
+        }
+    )
+    dep = by_kind(o)[("Deployment", "llm-decode")]
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "atom-engine",
+        "app.kubernetes.io/instance": "llm",
+        "app.kubernetes.io/component": "decode",
+    }
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"] == {"limits": {"memory": "16Gi", "rebellions.ai/ATOM": "4"}, "requests": {"cpu": "2"}}
+    assert pod["nodeSelector"] == {"pool": "llm", "rebellions.ai/npu.present": "true"}
+    assert pod["tolerations"] == [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["affinity"] == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert c["command"] == engine_command("decode") == [
+        "atom-engine", "serve", "--role", "decode", "--config", "/etc/atom/engine.yaml", "--port", "8000"
+    ]  # fmt: skip
+    assert c["image"] == "example.invalid/atom-engine:test" and c["imagePullPolicy"] == "Never"
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 8000), ("metrics", 9090)]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_pods_meet_the_restricted_pod_security_profile() -> None:
+    pod = by_kind(owner())[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert {"name": "scratch", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "scratch", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert {"name": "config", "configMap": {"name": "llm-decode-config"}} in pod["volumes"]
+
+
+def test_the_model_volume_is_mounted_read_only_where_source_points() -> None:
+    o = owner(model={"source": "/models/llama", "volume": {"persistentVolumeClaim": {"claimName": "weights"}}})
+    pod = by_kind(o)[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights"}} in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models/llama", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+
+
+def test_rngd_prefill_requests_rngd_on_rngd_nodes_and_runs_the_prefill_role() -> None:
+    dep = by_kind(owner(**PD))[("Deployment", "llm-prefill")]
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 1
+    assert pod["containers"][0]["resources"] == {"limits": {"furiosa.ai/rngd": "2"}}
+    assert pod["nodeSelector"] == {"furiosa.ai/npu.present": "true"}
+    assert pod["containers"][0]["command"][2:4] == ["--role", "prefill"]
+
+
+def test_cpu_backend_requests_no_npu_and_needs_no_npu_node() -> None:
+    o = owner(decode={"backend": "cpu", "npusPerReplica": 0})
+    pod = by_kind(o)[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
+    assert "resources" not in pod["containers"][0]
+    assert "nodeSelector" not in pod
+
+
+def test_decode_settings_name_the_headless_prefill_service() -> None:
+    children = by_kind(owner(**PD))
+    decode = yaml.safe_load(children[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
+    prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
+    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8000"
+    assert decode["localPrefill"] is False and decode["prefetchNext"] is True and decode["backend"] == "atom"
+    assert "prefillWorkers" not in prefill and prefill["backend"] == "rngd"
+    assert EngineSettings.model_validate(decode).lanes == 1
+    headless = children[("Service", "llm-prefill")]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"]["app.kubernetes.io/component"] == "prefill"
+
+
+def test_the_service_selects_decode_pods_with_the_specs_type_and_port() -> None:
+    svc = by_kind(owner(service={"type": "NodePort", "port": 8080}))[("Service", "llm")]
+    assert svc["spec"]["type"] == "NodePort"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "decode"
+
+
+def test_a_settings_change_changes_both_roles_config_hashes() -> None:
+    def hashes(lanes: int) -> list[str]:
+        spec = {**PD, "decode": {**PD["decode"], "lanes": lanes, "kvBlocks": 9}, "prefill": {**PD["prefill"]}}
+        spec["prefill"]["prefetchNext"] = lanes == 1
+        kids = by_kind(owner(**spec))
+        return [
+            kids[("Deployment", f"llm-{r}")]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+            for r in ("decode", "prefill")
+        ]
+
+    one, two = hashes(1), hashes(2)
+    assert one[0] != two[0] and one[1] != two[1]
+
+
+def test_building_is_deterministic() -> None:
+    assert build_children(owner(**PD), DEFAULTS) == build_children(owner(**PD), DEFAULTS)

@@ -1,0 +1,113 @@
+"""The applier's diff and the status computation, without any API server."""
+
+from __future__ import annotations
+
+import copy
+
+from atom_engine.api import AtomDeploymentSpec
+from atom_operator.apply import contains, needs_write
+from atom_operator.children import Defaults, Owner, build_children
+from atom_operator.children.meta import APPLIED_HASH
+from atom_operator.status import PodView, compute, pending_message
+
+
+def owner(**spec) -> Owner:
+    return Owner("llm", "ns", "u", AtomDeploymentSpec.model_validate({"model": {"source": "builtin:tiny"}, **spec}))
+
+
+def deployment() -> dict:
+    return next(c for c in build_children(owner(), Defaults()).desired if c["kind"] == "Deployment")
+
+
+def as_stored(obj: dict) -> dict:
+    """Roughly what the API server returns: defaults added, quantities canonical."""
+    out = copy.deepcopy(obj)
+    out["metadata"].update(uid="x", resourceVersion="7", generation=1)
+    out["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
+    c = out["spec"]["template"]["spec"]["containers"][0]
+    c["terminationMessagePath"] = "/dev/termination-log"
+    c["readinessProbe"].update(timeoutSeconds=1, successThreshold=1)
+    out["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"
+    out["status"] = {"replicas": 1}
+    return out
+
+
+def test_an_object_as_stored_with_server_defaults_needs_no_write() -> None:
+    desired = deployment()
+    assert not needs_write(desired, as_stored(desired))
+
+
+def test_a_hand_edited_field_needs_a_write() -> None:
+    desired = deployment()
+    current = as_stored(desired)
+    current["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    assert needs_write(desired, current)
+
+
+def test_a_removed_list_item_or_an_extra_container_needs_a_write() -> None:
+    desired = deployment()
+    current = as_stored(desired)
+    current["spec"]["template"]["spec"]["containers"][0]["ports"].pop()
+    assert needs_write(desired, current)
+    current = as_stored(desired)
+    current["spec"]["template"]["spec"]["containers"].append({"name": "sidecar"})
+    assert needs_write(desired, current)
+
+
+def test_a_spec_change_that_only_removes_a_field_needs_a_write_through_the_applied_hash() -> None:
+    before = build_children(owner(decode={"tolerations": [{"key": "npu", "operator": "Exists"}]}), Defaults())
+    after = build_children(owner(), Defaults())
+    old, new = before.desired[-1], after.desired[-1]
+    assert contains(as_stored(old)["spec"], new["spec"])  # the diff alone cannot see a removal ...
+    assert needs_write(new, as_stored(old))  # ... the hash of what we applied can
+    assert new["metadata"]["annotations"][APPLIED_HASH] != old["metadata"]["annotations"][APPLIED_HASH]
+
+
+def test_quantities_compare_by_value() -> None:
+    assert contains({"memory": "2Gi", "cpu": "1"}, {"memory": "2048Mi", "cpu": "1000m"})
+    assert not contains({"memory": "2Gi"}, {"memory": "2G"})
+    assert not contains("a", "b")
+
+
+PENDING = (
+    "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient rebellions.ai/ATOM."
+    " preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+)
+
+
+def test_pending_pods_short_of_npus_are_reported_in_plain_words() -> None:
+    o = owner(decode={"replicas": 3, "npusPerReplica": 4})
+    pods = [PodView("decode", True, PENDING), PodView("decode", True, PENDING), PodView("decode", False, None)]
+    assert (
+        pending_message(o, "decode", pods)
+        == "decode: 2 of 3 pods Pending: insufficient rebellions.ai/ATOM (each needs 4)"
+    )
+    assert pending_message(o, "prefill", pods) is None
+
+
+def test_status_is_ready_only_when_every_role_rolled_out_and_keeps_transition_times() -> None:
+    o = owner()
+    desired = deployment()
+    h = desired["metadata"]["annotations"][APPLIED_HASH]
+    dep = as_stored(desired)
+    dep["status"] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}
+    first = compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], None, "T1")
+    cond = {c["type"]: c for c in first["conditions"]}
+    assert (cond["Ready"]["status"], cond["Progressing"]["status"], cond["Degraded"]["status"]) == (
+        "False",
+        "True",
+        "False",
+    )
+    assert first["decode"] == {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1, "summary": "0/1"}
+    assert first["endpoint"] == "http://llm.ns.svc:8000/v1"
+    assert first["observedGeneration"] == 3
+    dep["status"]["readyReplicas"] = 1
+    second = compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], first, "T2")
+    cond = {c["type"]: c for c in second["conditions"]}
+    assert cond["Ready"]["status"] == "True" and cond["Ready"]["lastTransitionTime"] == "T2"
+    assert cond["Degraded"]["lastTransitionTime"] == "T1"  # unchanged status keeps its time
+    assert (
+        second["selector"]
+        == "app.kubernetes.io/component=decode,app.kubernetes.io/instance=llm,app.kubernetes.io/name=atom-engine"
+    )
+    assert compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], second, "T3") == second

@@ -13,6 +13,8 @@ from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.sampling import sample
 from atom_engine.sequence import Sequence
 
+KV_LEN_QUANTUM = 64
+
 
 class ModelRunner:
     def __init__(
@@ -30,10 +32,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
+        logits = self.prefill_logits(seq.block, start, tokens)
+        return sample(logits, seq) if last else None
+
+    @torch.inference_mode()
+    def prefill_logits(self, block: int, start: int, tokens: list[int]) -> torch.Tensor:
+        """One prefill chunk into ``block``; the ``[vocab]`` logits of its last token (a prefill worker ships
+        them so the decode side samples the first token with the request's own generator)."""
         n, c = len(tokens), self.chunk
         if not 0 < n <= c:
             raise ValueError(f"a prefill chunk has 1..{c} tokens; got {n}")
-        block = seq.block
         ids = torch.zeros(1, c, dtype=torch.long)
         ids[0, :n] = torch.tensor(tokens)
         positions = torch.zeros(1, c, dtype=torch.long)
@@ -41,9 +49,10 @@ class ModelRunner:
         slots = torch.full((1, c), SCRATCH_BLOCK, dtype=torch.long)  # pad tokens write into the scratch block
         slots[0, :n] = block
         t0 = time.perf_counter()
-        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]))
+        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]),
+                                      kv_len=self._kv_len(start + n))
         self.forward_seconds += time.perf_counter() - t0
-        return sample(logits[0], seq) if last else None
+        return logits[0]
 
     @torch.inference_mode()
     def decode(self, batch: list[Sequence | None]) -> list[int | None]:
@@ -56,13 +65,19 @@ class ModelRunner:
             if seq is not None:
                 ids[i, 0], positions[i, 0], blocks[i] = seq.tokens[-1], seq.computed, seq.block
         t0 = time.perf_counter()
-        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
+        kv_len = self._kv_len(int(positions.max()) + 1)
+        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long),
+                                     kv_len=kv_len)
         self.forward_seconds += time.perf_counter() - t0
         greedy = torch.argmax(logits, dim=-1).tolist()
         return [
             None if seq is None else greedy[i] if seq.params.greedy else sample(logits[i], seq)
             for i, seq in enumerate(batch)
         ]
+
+    def _kv_len(self, used: int) -> int:
+        # Positions a step may attend to, rounded up so eager backends see few distinct shapes.
+        return min(self.model.max_seq_len, -(-used // KV_LEN_QUANTUM) * KV_LEN_QUANTUM)
 
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:

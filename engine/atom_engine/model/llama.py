@@ -55,7 +55,7 @@ class Attention(nn.Module):
         slot_blocks: torch.Tensor,  # [B, T]: where each token's K/V is written
         positions: torch.Tensor,  # [B, T]
         attn_blocks: torch.Tensor,  # [B]: the block each row attends over
-        mask: torch.Tensor,  # [B, 1, 1, T, S] additive
+        mask: torch.Tensor,  # [B, 1, T, S] bool: may attend
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
@@ -67,14 +67,10 @@ class Attention(nn.Module):
         # Write first, then read the whole block: the new tokens attend to themselves through the cache.
         k_cache[slot_blocks, :, positions] = k
         v_cache[slot_blocks, :, positions] = v
-        keys = k_cache[attn_blocks].unsqueeze(2)  # [B, KVH, 1, S, D]
-        values = v_cache[attn_blocks].unsqueeze(2)
-        group = self.num_heads // self.num_kv_heads
-        q = q.transpose(1, 2).reshape(b, self.num_kv_heads, group, t, self.head_dim)  # GQA without repeat_kv
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.head_dim**-0.5 + mask
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, values)  # [B, KVH, G, T, D]
-        return self.o_proj(out.reshape(b, self.num_heads, t, self.head_dim).transpose(1, 2).reshape(b, t, -1))
+        keys = k_cache[attn_blocks]  # [B, KVH, S, D]
+        values = v_cache[attn_blocks]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -139,10 +135,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(dtype)
         sin = self.rope_sin[positions].to(dtype)
-        key_pos = torch.arange(self.max_seq_len, device=positions.device)
+        # The caches may be a prefix of max_seq_len positions (the cpu backend trims them to what is in use).
+        key_pos = torch.arange(k_cache.shape[-2], device=positions.device)
         allowed = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=x.device).masked_fill(~allowed, float("-inf"))
-        mask = mask[:, None, None]
+        mask = allowed[:, None]  # [B, 1, T, S]
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_cache[i], v_cache[i], slot_blocks, positions, attn_blocks, mask)

@@ -118,7 +118,16 @@ def _apt_install(*packages: str) -> None:
             raise DockerError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
 
 
-def ensure_daemon(timeout: float = 90.0) -> None:
+def _dockerd_running() -> bool:
+    """Whether the dockerd named by its pid file is alive (starting up or shutting down: not ours to start)."""
+    try:
+        pid = int(Path("/var/run/docker.pid").read_text().strip())
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd"
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_daemon(timeout: float = 120.0) -> None:
     """Make sure a Docker daemon answers: start ``dockerd`` (installing docker.io if needed) when none does."""
     if daemon_answers():
         return
@@ -126,20 +135,23 @@ def ensure_daemon(timeout: float = 90.0) -> None:
         _apt_install("docker.io")
     log = cache_dir() / "docker" / "dockerd.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    _log(f"no daemon answers; starting dockerd (log: {log})")
-    with open(log, "ab") as out:
-        # A new session: the daemon outlives this process (and a test run), as the system service would.
-        proc = subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if daemon_answers():
-            _log(f"dockerd is up (pid {proc.pid})")
+            if proc is not None:
+                _log(f"dockerd is up (pid {proc.pid})")
             return
-        if proc.poll() is not None:
+        if proc is None and not _dockerd_running():
+            _log(f"no daemon answers; starting dockerd (log: {log})")
+            with open(log, "ab") as out:
+                # A new session: the daemon outlives this process (and a test run), as the system service would.
+                proc = subprocess.Popen(["dockerd"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        elif proc is not None and proc.poll() is not None:
             raise DockerError(f"dockerd exited {proc.returncode} before answering; {log}:\n{_tail(log)}")
         time.sleep(0.5)
-    raise DockerError(f"dockerd did not answer within {timeout:.0f}s; {log}:\n{_tail(log)}")
+    raise DockerError(f"no Docker daemon answered within {timeout:.0f}s; {log}:\n{_tail(log)}")
 
 
 def image_exists(ref: str) -> bool:

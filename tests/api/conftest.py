@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,29 +60,11 @@ def crds(cluster):
 
 
 @pytest.fixture(scope="session")
-def operator(crds, tmp_path_factory) -> Iterator[subprocess.Popen]:
-    """The operator out of cluster, with the test CA; the webhook registered for labelled namespaces only."""
+def operator(crds, operator_process) -> Iterator[subprocess.Popen]:
+    """The session's one operator (tests/conftest.py); its webhook registered for labelled namespaces only."""
     cluster = crds
-    certs = tmp_path_factory.mktemp("webhook-pki")
-    ca, cert, key = webhook.make_certificates(certs, ["127.0.0.1"])
-    port = _free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "PYTHONPATH": os.pathsep.join([str(REPO / "engine"), str(REPO / "operator"), str(REPO)]),
-        "ATOM_WEBHOOK_ADDR": "127.0.0.1",
-        "ATOM_WEBHOOK_PORT": str(port),
-        "ATOM_WEBHOOK_CERT": str(cert),
-        "ATOM_WEBHOOK_KEY": str(key),
-        "ATOM_WEBHOOK_CA": str(ca),
-    }
-    env.pop("ATOM_WEBHOOK_MANAGED", None)
-    log = open(certs / "operator.log", "w")  # noqa: SIM115 - closed below, read on failure
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m", "atom_operator.main",
-         "-m", "tests.api.probe"],
-        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    port, ca = operator_process.webhook_port, operator_process.ca
+    proc = operator_process.proc
     config = webhook.configuration(
         {"url": f"https://127.0.0.1:{port}", "caBundle": webhook.ca_bundle(ca)},
         name="atom-webhook-test",
@@ -104,21 +84,13 @@ def operator(crds, tmp_path_factory) -> Iterator[subprocess.Popen]:
         if "denied the request" in out.stderr:
             break
         if proc.poll() is not None or time.monotonic() > deadline:
-            log.flush()
-            raise RuntimeError("operator webhook did not come up:\n" + (certs / "operator.log").read_text()[-4000:])
+            raise RuntimeError("operator webhook did not come up:\n" + operator_process.log()[-4000:])
         time.sleep(0.5)
     try:
         yield proc
     finally:
         cluster.kubectl("delete", "validatingwebhookconfiguration", "atom-webhook-test", check=False)
         cluster.kubectl("delete", "namespace", probe_ns, "--wait=false", check=False)
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def _namespace(cluster, name: str, webhook_on: bool) -> Iterator[str]:

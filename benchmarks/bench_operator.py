@@ -1,0 +1,173 @@
+"""Operator benchmark on the local control plane (``make bench-operator``; not a test).
+
+Creates N AtomDeployments (a mix of decode-only and decode+rngd-prefill) on enough kwok NPU nodes, then reports:
+time from each object's create request to its Ready status (p50/p99, and until all are Ready), time from create
+to its last child written (p50/p99), the operator's API writes during an idle window after convergence (goal:
+zero) and the operator's peak RSS. Results go to benchmarks/results/operator.md.
+
+    .venv/bin/python benchmarks/bench_operator.py [--count 500] [--idle 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.harness.cluster import Cluster, atom_node, rngd_node  # noqa: E402
+from tests.operator.process import USER, OperatorProcess  # noqa: E402
+
+NAMESPACE = "bench"
+
+
+def manifest(i: int) -> dict:
+    spec: dict = {"model": {"source": "builtin:tiny"}, "decode": {"replicas": 1, "npusPerReplica": 1}}
+    if i % 3 == 0:  # a third run remote-only PD with a prefill worker on RNGD
+        spec["decode"].update(localPrefill=False)
+        spec["prefill"] = {"replicas": 1, "backend": "rngd", "npusPerReplica": 1}
+    return {
+        "apiVersion": "serving.atom.dev/v1alpha1",
+        "kind": "AtomDeployment",
+        "metadata": {"name": f"llm-{i:04d}", "namespace": NAMESPACE},
+        "spec": spec,
+    }
+
+
+def ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+class ReadyWatch(threading.Thread):
+    """Streams the AtomDeployments' watch events and stamps when each first reports Ready."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.ready: dict[str, float] = {}
+        cmd = [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", "atomdeployments", "-n",
+               NAMESPACE, "-w", "-o", "json"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+    def run(self) -> None:
+        decoder, buf = json.JSONDecoder(), ""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    obj, end = decoder.raw_decode(buf.lstrip())
+                except ValueError:
+                    break
+                buf = buf.lstrip()[end:]
+                conds = (obj.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    self.ready.setdefault(obj["metadata"]["name"], time.time())
+
+
+def rss_peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--count", type=int, default=500)
+    ap.add_argument("--idle", type=float, default=300, help="seconds of idle after convergence to count writes")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/operator.md"))
+    args = ap.parse_args()
+    n = args.count
+    atom_nodes = [atom_node(f"atom-b{i}", 100) for i in range(n // 90 + 1)]
+    rngd_nodes = [rngd_node(f"rngd-b{i}", 100) for i in range(n // 3 // 90 + 1)]
+    work = Path(tempfile.mkdtemp(prefix="atom-bench-"))
+    with Cluster(nodes=[*atom_nodes, *rngd_nodes]) as cluster:
+        from atom_engine.api.crd import render
+
+        cluster.kubectl("apply", "-f", "-", input=render())
+        cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev")
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        op = OperatorProcess(cluster, work)
+        op.start(ATOM_WEBHOOK="off")
+        watch = ReadyWatch(cluster)
+        watch.start()
+        started = time.time()
+        for lo in range(0, n, 100):
+            cluster.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=yaml.safe_dump_all([manifest(i) for i in range(lo, min(n, lo + 100))]),
+                timeout=300,
+            )
+        applied = time.time()
+        while len(watch.ready) < n and time.time() - started < args.timeout:
+            time.sleep(1)
+        all_ready = time.time()
+        converged = len(watch.ready)
+        # Per object: its create request (audit, microseconds) -> first Ready seen, and -> its last child written.
+        writes = cluster.write_requests()
+        created, last_child = {}, {}
+        for w in writes:
+            ref = w.get("objectRef") or {}
+            if ref.get("namespace") != NAMESPACE:
+                continue
+            t = ts(w["requestReceivedTimestamp"])
+            if ref.get("resource") == "atomdeployments" and w["verb"] == "create":
+                created[ref["name"]] = t
+            elif w["user"]["username"] == USER and ref.get("resource") in ("configmaps", "services", "deployments"):
+                owner = ref["name"].removesuffix("-decode-config").removesuffix("-prefill-config")
+                owner = owner.removesuffix("-decode").removesuffix("-prefill")
+                # Children are written once each in this run (nothing edits them), so the latest is the last one.
+                last_child[owner] = max(last_child.get(owner, t), t)
+        to_ready = [watch.ready[k] - created[k] for k in watch.ready if k in created]
+        to_children = [last_child[k] - created[k] for k in last_child if k in created]
+        # Idle: nothing changes; count every write the operator sends during the window.
+        time.sleep(10)
+        before = len([w for w in cluster.write_requests() if w["user"]["username"] == USER])
+        time.sleep(args.idle)
+        idle_writes = len([w for w in cluster.write_requests() if w["user"]["username"] == USER]) - before
+        peak = rss_peak_mb(op.proc.pid)
+        watch.proc.terminate()
+        op.stop()
+    rows = [
+        ("AtomDeployments (1/3 with an RNGD prefill worker)", f"{n}"),
+        ("Ready", f"{converged}/{n}"),
+        ("create requests sent (kubectl apply, batches of 100)", f"{applied - started:.1f} s"),
+        ("first create -> all Ready", f"{all_ready - started:.1f} s"),
+        ("create -> Ready, p50 / p99 per object", f"{pct(to_ready, 50):.2f} s / {pct(to_ready, 99):.2f} s"),
+        ("create -> last child written, p50 / p99", f"{pct(to_children, 50):.2f} s / {pct(to_children, 99):.2f} s"),
+        (f"operator writes during {args.idle:.0f} s idle", f"{idle_writes}"),
+        ("operator peak RSS", f"{peak:.0f} MB"),
+    ]
+    table = "| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    text = (
+        "# Operator benchmark\n\n"
+        f"`make bench-operator` ({dt.date.today()}, local control plane with kwok nodes: "
+        f"{len(atom_nodes)} ATOM, {len(rngd_nodes)} RNGD).\n\n{table}\n\n"
+        "Goals (issue 7): all 500 Ready within 120 s; create -> all children p50 <= 0.5 s; zero idle writes; "
+        "peak RSS under 150 MB.\n"
+    )
+    Path(args.out).write_text(text)
+    print(text)
+    return 0 if converged == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

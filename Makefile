@@ -29,6 +29,14 @@ tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/ato
 crds: venv ## regenerate crds/ from the spec models (a test fails when the committed CRD is stale)
 	$(PY) -m atom_engine.api.crd
 
+.PHONY: docker-build
+docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
+	$(PY) -m tests.harness.docker build operator engine $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
+
+.PHONY: docker-lock
+docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock (after make lock)
+	$(PY) -m tests.harness.docker lock
+
 .PHONY: lint
 lint: venv ## ruff
 	$(PY) -m ruff check .

@@ -5,7 +5,7 @@ left-padded static batches of 8, on the same 32 requests (prompts 64-256 tokens,
 Checks the engine is token-exact against HF one-at-a-time and writes a markdown table to
 benchmarks/results/engine.md. Not a test: timings depend on the machine.
 
-    PYTHONPATH=engine python benchmarks/bench_engine.py [--threads 1] [--requests 32]
+    PYTHONPATH=engine python benchmarks/bench_engine.py [--threads 1] [--requests 32] [--prefill-chunk 256]
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def hf_static_batches(
     return outs, time.perf_counter() - t0, steps
 
 
-def run_engine(path: Path, work: list[tuple[list[int], int]]) -> tuple[list, float, dict]:
+def run_engine(path: Path, work: list[tuple[list[int], int]], chunk: int) -> tuple[list, float, dict]:
     e = LLMEngine(EngineSettings(model_source=str(path), lanes=LANES, kv_blocks=LANES + 2, prefix_cache=True,
-                                 max_seq_len=512, prefill_chunk=64))
+                                 max_seq_len=512, prefill_chunk=chunk))
     e.generate([work[0][0][:64]], SamplingParams(max_tokens=2))  # warm up
     f0, s0 = e.runner.forward_seconds, e.stats()["steps"]
     t0 = time.perf_counter()
@@ -91,6 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for every contender (default 1)")
     ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--prefill-chunk", type=int, default=256,
+                    help="engine prefillChunk (the cpu backend does not pad, so 256 prefills a prompt in one step)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="rounds of all three contenders; each keeps its fastest round (shared machines are noisy)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -108,7 +110,7 @@ def main() -> None:
         model.generate(torch.tensor([work[0][0][:64]]), max_new_tokens=2)  # warm up
         eng_wall = one_wall = bat_wall = float("inf")
         for _ in range(args.repeats):  # rounds interleave the contenders, so load drifts hit all of them
-            eng_out, wall, stats = run_engine(Path(tmp), work)
+            eng_out, wall, stats = run_engine(Path(tmp), work, args.prefill_chunk)
             if wall < eng_wall:
                 eng_wall, st = wall, stats
             one_out, wall, one_steps = hf_one_at_a_time(model, work)
@@ -140,7 +142,8 @@ def main() -> None:
                      f" {wall / eng_wall:.2f}x |")
     lines += [
         "",
-        f"Engine: {st['decode_steps']} decode steps, {st['prefill_chunks']} prefill chunks of 64; forward time"
+        f"Engine: {st['decode_steps']} decode steps, {st['prefill_chunks']} prefill chunks of up to"
+        f" {args.prefill_chunk} tokens; forward time"
         f" {st['forward_seconds']:.2f} s of {eng_wall:.2f} s wall; engine overhead {100 * overhead:.1f} % of the"
         " forward time (scheduling, input tensors, sampling).",
         f"Engine vs HF one-at-a-time: {one_wall / eng_wall:.2f}x (goal >= 5x); vs HF static batches:"

@@ -26,9 +26,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.to(torch.float32)  # as HF (even for float64 weights), so the two agree token for token
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # Normalise in float32 as HF does (even for float64 weights), so the two agree token for token.
+        return self.weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=self.eps).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -134,7 +134,7 @@ def main() -> None:
         f" transformers {transformers.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs"
         f" ({platform.machine()}), load average {os.getloadavg()[0]:.1f}; fastest of {args.repeats} rounds.",
         "",
-        "| contender | wall s | generated tokens/s | steps | ms per step | token-exact | speed-up vs engine |",
+        "| contender | wall s | generated tokens/s | steps | ms per step | token-exact | engine speed-up over it |",
         "|---|---:|---:|---:|---:|---|---:|",
     ]
     for name, wall, steps, note in rows:

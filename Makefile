@@ -37,6 +37,10 @@ docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks
 docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock (after make lock)
 	$(PY) -m tests.harness.docker lock
 
+.PHONY: bench-engine
+bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md
+	$(PY) benchmarks/bench_engine.py
+
 .PHONY: lint
 lint: venv ## ruff
 	$(PY) -m ruff check .

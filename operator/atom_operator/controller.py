@@ -80,6 +80,7 @@ class Controller:
         deployments = self.observed.setdefault(key, Observed()).deployments
         old = deployments.pop(name, None)
         if event == "DELETED":
+            self._forget_if_gone(key)
             self.enqueue(key)
             return
         meta = body["metadata"]
@@ -111,11 +112,18 @@ class Controller:
         old = pods.get(name)
         if event == "DELETED" or body["metadata"].get("deletionTimestamp"):
             pods.pop(name, None)
+            self._forget_if_gone(key)
             view = None
         else:
             view = pods[name] = PodView.of(body)
         if view != old:
             self.enqueue(key, children=False)
+
+    def _forget_if_gone(self, key: Key) -> None:
+        # Garbage collection deletes the children after their owner; drop what is left of it then.
+        seen = self.observed.get(key)
+        if key not in self.owners and seen is not None and not seen.pods and not seen.deployments:
+            del self.observed[key]
 
     def _owner_key(self, body: dict[str, Any]) -> Key | None:
         owner = (body["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL)

@@ -1,0 +1,440 @@
+"""The helm chart charts/atom-operator, with the real helm binary against the harness's real API server.
+
+One release is installed for the module (installs cost seconds on two shared cores); tests that need a
+release of their own (uninstall, refused values) make one. kwok turns the operator's pod Ready without running
+it, so the webhook is never called here: its namespaceSelector matches no namespace, and nothing in the
+cluster waits on a webhook that cannot answer. The webhook itself is tested in tests/api.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import atom_operator.main  # noqa: F401 - registers kopf's handlers, which tell what the operator watches
+import kopf
+import pytest
+import yaml
+from atom_engine.api.crd import CHART_PATH, CRD_NAME, DEFAULT_PATH, render
+from atom_operator import kube
+from atom_operator.children import Defaults
+from atom_operator.kube import ApiError, Kube
+from atom_operator.reconcile import Observed, reconcile
+from cryptography import x509
+
+from tests.harness import tools
+
+pytestmark = pytest.mark.cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "atom-operator"
+# No namespace carries this label: the chart's webhook is installed, but the API server never calls it.
+UNCALLED = {"matchLabels": {"atom-chart-test/webhook": "never"}}
+VALUES = {"webhook": {"namespaceSelector": UNCALLED}, "engine": {"image": {"repository": "example.invalid/engine"}}}
+CERT_MANAGER_KINDS = {"Issuer", "Certificate"}
+
+
+def helm(*args: str, kubeconfig: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [str(tools.path("helm")), *args]
+    if kubeconfig:
+        cmd += ["--kubeconfig", str(kubeconfig)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def values_file(tmp: Path, values: dict) -> str:
+    path = tmp / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def render_chart(tmp: Path, namespace: str, values: dict) -> list[dict]:
+    out = helm("template", "t", str(CHART), "-n", namespace, "-f", values_file(tmp, values)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str
+    fullname: str
+    install_output: str
+    crd_existed: bool
+
+    @property
+    def service_account(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.fullname}"
+
+
+def make_namespace(cluster, prefix: str, **labels: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    if labels:
+        cluster.kubectl("label", "namespace", name, *[f"{k}={v}" for k, v in labels.items()])
+    return name
+
+
+@pytest.fixture(scope="module")
+def release(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """One `helm install --wait` into a namespace that enforces the restricted Pod Security profile."""
+    ns = make_namespace(cluster, "chart", **{"pod-security.kubernetes.io/enforce": "restricted"})
+    existed = cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    name = "atom"
+    tmp = tmp_path_factory.mktemp("chart")
+    out = helm(
+        "install", name, str(CHART), "-n", ns, "-f", values_file(tmp, VALUES), "--wait", "--timeout", "180s",
+        kubeconfig=cluster.kubeconfig,
+    )  # fmt: skip
+    try:
+        yield Release(name, ns, "atom-atom-operator", out.stdout, existed)
+    finally:
+        helm("uninstall", name, "-n", ns, "--wait", "--timeout", "120s", kubeconfig=cluster.kubeconfig, check=False)
+        # helm never deletes CRDs from crds/; the CRD stays, identical to crds/ (other modules apply the same file).
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# ---- the chart's files ---------------------------------------------------------------------------------------
+def test_chart_crd_is_the_generated_crd() -> None:
+    assert CHART_PATH.read_text() == Path(DEFAULT_PATH).read_text() == render(), (
+        "charts/atom-operator/crds is stale: run make crds"
+    )
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("certManager.enabled=true",),
+        ("webhook.enabled=false",),
+        ("serviceAccount.create=false", "serviceAccount.name=x"),
+    ],
+    ids=["defaults", "cert-manager", "no-webhook", "existing-service-account"],
+)
+def test_helm_lint_strict_passes(sets: tuple[str, ...]) -> None:
+    out = helm("lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)])
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_every_value_is_in_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict, props: dict, path: str) -> None:
+        for key, value in node.items():
+            assert key in props, f"{path}{key} is not in values.schema.json"
+            sub = props[key]
+            sub = schema["definitions"][sub["$ref"].rsplit("/", 1)[1]] if "$ref" in sub else sub
+            if isinstance(value, dict) and "properties" in sub:
+                walk(value, sub["properties"], f"{path}{key}.")
+
+    walk(yaml.safe_load((CHART / "values.yaml").read_text()), schema["properties"], "")
+
+
+def test_every_value_is_commented() -> None:
+    """Each value has a comment right above it, or sits in a block that has one (e.g. resources.requests)."""
+    documented: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    previous = ""
+    missing = []
+    for number, line in enumerate((CHART / "values.yaml").read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            previous = stripped
+            continue
+        indent = len(line) - len(line.lstrip())
+        while documented and documented[-1][0] >= indent:
+            documented.pop()
+        here = previous.startswith("#") or any(d for _, d in documented)
+        if not stripped.endswith(":") and not here:  # a value, not a block of them
+            missing.append(f"line {number}: {stripped}")
+        documented.append((indent, here))
+        previous = stripped
+    assert not missing, f"values.yaml values without a comment: {missing}"
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"webhook": {"enabled": False}}, {"certManager": {"enabled": True}}],
+    ids=["defaults", "no-webhook", "cert-manager"],
+)
+def test_rendered_manifests_are_valid_on_the_api_server(cluster, tmp_path: Path, values: dict) -> None:
+    ns = make_namespace(cluster, "chart-render", **{"pod-security.kubernetes.io/warn": "restricted"})
+    try:
+        docs = render_chart(tmp_path, ns, merged(VALUES, values))
+        # cert-manager's kinds need its CRDs, which this cluster lacks; their links are checked by the next test.
+        plain = [d for d in docs if d["kind"] not in CERT_MANAGER_KINDS]
+        assert {d["kind"] for d in plain} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+        out = cluster.apply(plain, "--dry-run=server")
+        assert "PodSecurity" not in out.stderr, out.stderr  # the restricted profile holds for the pod template
+        assert len(out.stdout.splitlines()) == len(plain), out.stdout
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_cert_manager_mode_links_certificate_secret_and_ca_injection(tmp_path: Path) -> None:
+    docs = render_chart(tmp_path, "ops", {"certManager": {"enabled": True}})
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert not any(kind == "Secret" for kind, _ in by_kind), "cert-manager writes the Secret, the chart must not"
+    serving = by_kind[("Certificate", "t-atom-operator-webhook")]
+    vwc = by_kind[("ValidatingWebhookConfiguration", "t-atom-operator")]
+    assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "ops/t-atom-operator-webhook"
+    assert "caBundle" not in vwc["webhooks"][0]["clientConfig"]
+    assert "t-atom-operator-webhook.ops.svc" in serving["spec"]["dnsNames"]
+    pod = by_kind[("Deployment", "t-atom-operator")]["spec"]["template"]["spec"]
+    assert {"name": "webhook-tls", "secret": {"secretName": serving["spec"]["secretName"], "defaultMode": 0o440}} in (
+        pod["volumes"]
+    )
+    issuer = serving["spec"]["issuerRef"]["name"]
+    ca_issuer = by_kind[("Issuer", issuer)]
+    ca_cert = by_kind[("Certificate", "t-atom-operator-ca")]
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"] and ca_cert["spec"]["isCA"]
+
+
+def test_engine_image_and_pull_policy_reach_the_operator(tmp_path: Path) -> None:
+    docs = render_chart(
+        tmp_path, "ops", {"engine": {"image": {"repository": "r.example/engine", "tag": "9", "pullPolicy": "Always"}}}
+    )
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ATOM_ENGINE_IMAGE"] == "r.example/engine:9"
+    assert env["ATOM_ENGINE_IMAGE_PULL_POLICY"] == "Always"
+
+
+# ---- refused values ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("replicas=two", "at '/replicas': got string, want integer"),
+        ("replicas=2", "at '/replicas': maximum"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy': value must be one of"),
+        ("engine.image.pullPolicy=always", "at '/engine/image/pullPolicy': value must be one of"),
+        ("webhook.failurePolicy=Maybe", "at '/webhook/failurePolicy'"),
+        ("replica=1", "additional properties 'replica' not allowed"),
+    ],
+)
+def test_wrong_value_fails_install_with_schema_message(cluster, namespace: str, value: str, message: str) -> None:
+    out = helm(
+        "install", "bad", str(CHART), "-n", namespace, "--set", value, kubeconfig=cluster.kubeconfig, check=False
+    )
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr and message in out.stderr, out.stderr
+    listed = helm("list", "-n", namespace, "-q", kubeconfig=cluster.kubeconfig).stdout.split()
+    assert "bad" not in listed
+    assert cluster.kubectl("get", "clusterrole", "bad-atom-operator", check=False).returncode != 0
+
+
+# ---- install, upgrade, uninstall ---------------------------------------------------------------------------
+def test_install_creates_an_established_crd_equal_to_crds(cluster, release: Release) -> None:
+    crd = cluster.get("crd", CRD_NAME)
+    established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert established["Established"] == "True"
+    # Without a CRD before, helm created it from the chart's crds/; with one (another module's kubectl apply of
+    # the same file), helm left it alone. Either way the served CRD is the generated one.
+    assert crd["spec"]["versions"] == yaml.safe_load(render())["spec"]["versions"]
+
+
+def test_operator_deployment_becomes_ready_under_restricted_pod_security(cluster, release: Release) -> None:
+    dep = cluster.get("deployment", release.fullname, "-n", release.namespace)
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["status"].get("readyReplicas") == 1
+    pods = cluster.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/instance=atom")["items"]
+    assert [p["status"]["phase"] for p in pods] == ["Running"]
+    ready = {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    container = pods[0]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"
+
+
+def test_install_prints_next_steps(release: Release) -> None:
+    assert "kubectl get atomdeployments" in release.install_output
+    assert f"rollout status deployment/{release.fullname}" in release.install_output
+
+
+def _webhook_tls(cluster, release: Release) -> tuple[str, dict]:
+    vwc = cluster.get("validatingwebhookconfiguration", release.fullname)
+    secret = cluster.get("secret", f"{release.fullname}-webhook-tls", "-n", release.namespace)
+    return vwc["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]
+
+
+def test_webhook_configuration_trusts_the_served_certificate(cluster, release: Release) -> None:
+    ca_bundle, data = _webhook_tls(cluster, release)
+    assert ca_bundle == data["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(ca_bundle))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+    cert.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    # The API server calls <service>.<namespace>.svc.
+    assert f"{release.fullname}-webhook.{release.namespace}.svc" in sans
+    hook = cluster.get("validatingwebhookconfiguration", release.fullname)["webhooks"][0]
+    assert hook["clientConfig"]["service"] == {
+        "namespace": release.namespace, "name": f"{release.fullname}-webhook", "path": "/validate", "port": 443,
+    }  # fmt: skip
+    assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
+
+
+def test_upgrade_keeps_the_ca_and_the_certificate(cluster, release: Release, tmp_path: Path) -> None:
+    before = _webhook_tls(cluster, release)
+    pod_before = cluster.get("deployment", release.fullname, "-n", release.namespace)["spec"]["template"]
+    helm(
+        "upgrade", release.name, str(CHART), "-n", release.namespace, "-f", values_file(tmp_path, VALUES),
+        "--set", "operator.workers=2", "--wait", "--timeout", "180s", kubeconfig=cluster.kubeconfig,
+    )  # fmt: skip
+    dep = cluster.get("deployment", release.fullname, "-n", release.namespace)
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ATOM_RECONCILE_WORKERS"] == "2"  # the upgrade did apply
+    assert _webhook_tls(cluster, release) == before
+    annotation = "checksum/webhook-tls"
+    assert (
+        dep["spec"]["template"]["metadata"]["annotations"][annotation]
+        == pod_before["metadata"]["annotations"][annotation]
+    )
+
+
+def test_uninstall_removes_cluster_scoped_objects(cluster, tmp_path: Path) -> None:
+    ns = make_namespace(cluster, "chart-uninstall")
+    try:
+        helm(
+            "install", "gone", str(CHART), "-n", ns, "-f", values_file(tmp_path, VALUES), kubeconfig=cluster.kubeconfig
+        )
+        names = ["clusterrole/gone-atom-operator", "clusterrolebinding/gone-atom-operator",
+                 "validatingwebhookconfiguration/gone-atom-operator"]  # fmt: skip
+        cluster.kubectl("get", *names)
+        helm("uninstall", "gone", "-n", ns, "--wait", "--timeout", "120s", kubeconfig=cluster.kubeconfig)
+        for name in names:
+            assert "NotFound" in cluster.kubectl("get", name, check=False).stderr, name
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# ---- RBAC --------------------------------------------------------------------------------------------------
+def can_i(cluster, release: Release, verb: str, resource: str, *scope: str) -> bool:
+    out = cluster.kubectl("auth", "can-i", verb, resource, *scope, "--as", release.service_account, check=False)
+    assert out.stdout.strip() in ("yes", "no"), out.stderr
+    return out.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("scope", [("-n", "default"), ("-n", "kube-system"), ("--all-namespaces",)])
+@pytest.mark.parametrize("verb", ["get", "list", "watch", "create", "update", "patch", "delete"])
+def test_service_account_cannot_touch_secrets(cluster, release: Release, verb: str, scope: tuple[str, ...]) -> None:
+    assert not can_i(cluster, release, verb, "secrets", *scope)
+
+
+def test_service_account_cannot_read_its_own_webhook_secret(cluster, release: Release) -> None:
+    secret = f"secrets/{release.fullname}-webhook-tls"
+    assert not can_i(cluster, release, "get", secret, "-n", release.namespace)
+
+
+def needed_permissions() -> set[tuple[str, str]]:
+    """(verb, resource) the operator's code needs, read from the code: kopf's handlers and the reconciler's client."""
+    registry = kopf.get_default_registry()
+    needs: set[tuple[str, str]] = set()
+    handlers = [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers()]
+    for handler in handlers:
+        group = handler.selector.group or ""
+        resource = f"{handler.selector.plural or handler.selector.any_name}"
+        qualified = f"{resource}.{group}" if group else resource
+        needs |= {("list", qualified), ("watch", qualified)}
+    # kopf rescans an API group when a CRD changes.
+    needs |= {(verb, "customresourcedefinitions.apiextensions.k8s.io") for verb in ("list", "watch")}
+    for kind, (prefix, plural) in kube.KINDS.items():
+        group = prefix.split("/")[2] if prefix.startswith("/apis/") else ""
+        qualified = f"{plural}.{group}" if group else plural
+        if kind == "AtomDeployment":
+            needs.add(("patch", f"{qualified}/status"))  # Kube.patch_status
+        elif kind == "Event":
+            needs.add(("create", qualified))  # Kube.create
+        elif kind == "Pod":
+            needs.add(("get", qualified))
+        else:  # children: Kube.get, .apply (server-side apply: patch, and create when it makes the object), .delete
+            needs |= {(v, qualified) for v in ("get", "patch", "create", "delete")}
+    return needs
+
+
+def test_service_account_can_do_what_the_operator_needs(cluster, release: Release) -> None:
+    needs = needed_permissions()
+    assert ("patch", "atomdeployments.serving.atom.dev/status") in needs and ("watch", "nodes") in needs
+    refused = []
+    for verb, resource in sorted(needs):
+        resource, _, sub = resource.partition("/")
+        args = (verb, resource, *(("--subresource", sub) if sub else ()), "--all-namespaces")
+        if not can_i(cluster, release, *args):
+            refused.append(f"{verb} {resource}{'/' + sub if sub else ''}")
+    assert not refused, f"the chart's ClusterRole lacks: {refused}"
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource"),
+    [
+        ("update", "atomdeployments.serving.atom.dev"),  # the spec is the user's
+        ("delete", "atomdeployments.serving.atom.dev"),
+        ("create", "pods"),  # Deployments make pods, not the operator
+        ("delete", "pods"),
+        ("patch", "nodes"),
+        ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io"),  # the chart installs it
+        ("list", "namespaces"),  # --all-namespaces watches cluster-wide, not per namespace
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ],
+)
+def test_service_account_cannot_do_more(cluster, release: Release, verb: str, resource: str) -> None:
+    assert not can_i(cluster, release, verb, resource, "--all-namespaces")
+
+
+async def reconcile_until_done(client: Kube, body: dict, defaults: Defaults) -> None:
+    """One reconcile; a conflict with the session's operator (tests/operator), reconciling the same object, is
+    retried a bounded number of times, as the operator itself would."""
+    for _ in range(5):
+        try:
+            await reconcile(client, body, Observed(), defaults)
+            return
+        except kopf.TemporaryError:
+            continue
+    raise AssertionError("reconcile kept conflicting")
+
+
+async def test_operator_reconciles_as_the_service_account(cluster, release: Release, namespace: str) -> None:
+    """Not only can-i: the operator's own reconcile, through its own client, logged in as the chart's
+    ServiceAccount, creates every child, posts Events, writes status and removes a dropped role."""
+    token = cluster.kubectl("create", "token", release.fullname, "-n", release.namespace).stdout.strip()
+    ca = str(cluster.ca_file) if cluster.ca_file else None
+    info = kopf.ConnectionInfo(server=cluster.server, ca_path=ca, scheme="Bearer", token=token)
+    cpu = {"backend": "cpu", "npusPerReplica": 0}
+    spec = {
+        "model": {"source": "builtin:tiny"},
+        "decode": {**cpu, "localPrefill": False},
+        "prefill": {**cpu, "replicas": 1},
+    }
+    ad = {"apiVersion": "serving.atom.dev/v1alpha1", "kind": "AtomDeployment",
+          "metadata": {"name": "x", "namespace": namespace}, "spec": spec}  # fmt: skip
+    cluster.apply(ad)  # as the admin: the user's write
+    defaults = Defaults(image="example.invalid/atom-engine:test")
+    client = Kube(info)
+    try:
+        await reconcile_until_done(client, cluster.get("atomdeployment", "x", "-n", namespace), defaults)
+        assert cluster.get("deployment", "x-prefill", "-n", namespace)["spec"]["replicas"] == 1
+        assert cluster.get("atomdeployment", "x", "-n", namespace)["status"]["observedGeneration"] == 1
+        events = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=x")["items"]
+        assert events, "no Event was posted"
+
+        cluster.apply({**ad, "spec": {**spec, "decode": {**cpu, "localPrefill": True}, "prefill": {"replicas": 0}}})
+        await reconcile_until_done(client, cluster.get("atomdeployment", "x", "-n", namespace), defaults)
+        gone = cluster.kubectl("get", "deployment", "x-prefill", "-n", namespace, check=False)
+        assert "NotFound" in gone.stderr
+
+        with pytest.raises(ApiError) as refused:
+            await client.request("GET", f"/api/v1/namespaces/{release.namespace}/secrets")
+        assert refused.value.status == 403
+    finally:
+        await client.close()

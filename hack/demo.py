@@ -1,20 +1,39 @@
-"""make demo: the main job on the embedded default, step by step.
+"""make demo: the main job on the embedded default, step by step, then clean up.
 
-Today it brings up the local control plane (etcd, kube-apiserver, controller-manager, scheduler and kwok
-fake NPU nodes), shows the nodes with their NPU capacity, and tears it all down.
+1. start the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok fake NPU nodes);
+2. install the CRD, run the operator (reconciler and admission webhook) and register its webhook;
+3. show admission refusing a spec the engine could not run;
+4. apply examples/atomdeployment.yaml and wait until it is READY;
+5. run the engine exactly as the operator's pod specs say (their command, args and rendered settings, as
+   local processes: kwok's pods run nothing) and send one chat completion through the openai client.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from tests.harness.__main__ import print_nodes  # noqa: E402
 from tests.harness.cluster import Cluster  # noqa: E402
+
+EXAMPLE = REPO / "examples" / "atomdeployment.yaml"
+CRD = REPO / "crds" / "atomdeployments.serving.atom.dev.yaml"
+BIN = Path(sys.executable).parent
 
 
 class Steps:
@@ -23,7 +42,7 @@ class Steps:
 
     def run(self, title: str, fn: Callable[[], object]) -> object:
         self.n += 1
-        print(f"[{self.n}/{self.total}] {title} ...", flush=True)
+        print(f"\n[{self.n}/{self.total}] {title} ...", flush=True)
         started = time.monotonic()
         try:
             result = fn()
@@ -34,14 +53,161 @@ class Steps:
         return result
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} was not ready in {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+
+
+class Processes:
+    """Local processes of the demo, stopped in reverse order."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir, self.procs = workdir, []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+        log = self.workdir / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                    start_new_session=True, cwd=self.workdir)
+        self.procs.append(proc)
+        return proc, log
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
+def start_operator(cluster: Cluster, procs: Processes) -> None:
+    from atom_operator import webhook
+
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev", "--timeout=60s")
+    ca, cert, key = webhook.make_certificates(procs.workdir / "webhook", ["127.0.0.1"])
+    hook_port, metrics_port = free_port(), free_port()
+    proc, log = procs.start("operator", [str(BIN / "atom-operator")], {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "ATOM_WEBHOOK_ADDR": "127.0.0.1", "ATOM_WEBHOOK_PORT": str(hook_port),
+        "ATOM_WEBHOOK_CERT": str(cert), "ATOM_WEBHOOK_KEY": str(key), "ATOM_WEBHOOK_CA": str(ca),
+        "ATOM_METRICS_ADDR": "127.0.0.1", "ATOM_METRICS_PORT": str(metrics_port),
+    })
+    wait_http(f"http://127.0.0.1:{metrics_port}/healthz", proc, log)
+    config = webhook.configuration({"url": f"https://127.0.0.1:{hook_port}", "caBundle": webhook.ca_bundle(ca)})
+    cluster.apply(config)
+    print(f"operator running (log: {log}); webhook registered at https://127.0.0.1:{hook_port}")
+
+
+def show_refusal(cluster: Cluster) -> None:
+    bad = yaml.safe_load(EXAMPLE.read_text())
+    bad["metadata"]["name"] = "tiny-bad"
+    bad["spec"]["decode"]["kvBlocks"] = bad["spec"]["decode"]["lanes"] + 1  # the prefix cache needs lanes + 2
+    out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
+    if out.returncode == 0:
+        raise RuntimeError("the API server accepted a spec the engine cannot run")
+    print(f"$ kubectl apply -f tiny-bad.yaml   (kvBlocks: {bad['spec']['decode']['kvBlocks']})\n{out.stderr.strip()}")
+
+
+def apply_example(cluster: Cluster) -> None:
+    print(cluster.kubectl("apply", "-f", str(EXAMPLE)).stdout.strip())
+    cluster.kubectl("wait", "--for=condition=Ready", "atomdeployment/tiny", "--timeout=120s", timeout=130)
+    print(cluster.kubectl("get", "atomdeployments", "-o", "wide").stdout, end="")
+
+
+def pod_spec(cluster: Cluster, component: str) -> tuple[list[str], str]:
+    """The engine container's command and its rendered settings, as the operator wrote them."""
+    deploy = cluster.get("deployments", "-l", f"app.kubernetes.io/component={component}")["items"][0]
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+    data = cluster.get("configmap", volume["configMap"]["name"])["data"]
+    return container["command"] + container.get("args", []), next(iter(data.values()))
+
+
+@contextlib.contextmanager
+def engine_as_the_pods_run_it(cluster: Cluster, procs: Processes) -> Iterator[str]:
+    """Start prefill then decode locally with the pods' command and settings; yield the decode URL."""
+    ports = {"prefill": free_port(), "decode": free_port()}
+    urls = {}
+    for role in ("prefill", "decode"):
+        argv, settings_yaml = pod_spec(cluster, role)
+        settings = yaml.safe_load(settings_yaml)
+        if role == "decode" and settings.get("prefillWorkers"):
+            # In the cluster this is the headless Service's DNS name; here the worker is a local process.
+            print(f"decode: prefillWorkers {settings['prefillWorkers']} -> 127.0.0.1:{ports['prefill']}")
+            settings["prefillWorkers"] = f"127.0.0.1:{ports['prefill']}"
+        config = procs.workdir / f"{role}.yaml"
+        config.write_text(yaml.safe_dump(settings))
+        argv = [_local(a, argv, config, ports[role]) for a in argv]
+        argv[0] = str(BIN / argv[0])
+        print(f"{role}: {' '.join(argv)}")
+        proc, log = procs.start(role, argv + ["--host", "127.0.0.1"])
+        urls[role] = f"http://127.0.0.1:{ports[role]}"
+        wait_http(f"{urls[role]}/ready", proc, log)
+    yield urls["decode"]
+
+
+def _local(arg: str, argv: list[str], config: Path, port: int) -> str:
+    i = argv.index(arg)
+    if i > 0 and argv[i - 1] == "--config":
+        return str(config)
+    if i > 0 and argv[i - 1] == "--port":
+        return str(port)
+    return arg
+
+
+def chat(url: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello to the NPUs."}], max_tokens=24, temperature=0
+    )
+    print(f"model {model} answered ({reply.usage.completion_tokens} tokens, random weights):")
+    print(repr(reply.choices[0].message.content))
+
+
 def main() -> int:
-    steps = Steps(3)
+    steps = Steps(7)
+    workdir = Path(tempfile.mkdtemp(prefix="atom-demo-"))
     cluster = Cluster()
+    procs = Processes(workdir)
     try:
         steps.run("start the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)", cluster.start)
         steps.run("list the nodes with their NPU capacity", lambda: print_nodes(cluster))
+        os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        steps.run("install the CRD, run the operator and register its admission webhook",
+                  lambda: start_operator(cluster, procs))
+        steps.run("admission refuses a spec the engine cannot run", lambda: show_refusal(cluster))
+        steps.run(f"apply {EXAMPLE.relative_to(REPO)} and wait until READY", lambda: apply_example(cluster))
+        stack = contextlib.ExitStack()
+        url = steps.run("start prefill and decode exactly as the pod specs say",
+                        lambda: stack.enter_context(engine_as_the_pods_run_it(cluster, procs)))
+        with stack:
+            steps.run("send a chat completion through the openai client", lambda: chat(url))
     finally:
-        steps.run("stop the control plane and remove its files", cluster.stop)
+        print("\n[cleanup] stopping the engine, the operator and the control plane", flush=True)
+        procs.stop()
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -21,7 +21,7 @@ import kopf
 import pytest
 import yaml
 from atom_engine.api.crd import CHART_PATH, CRD_NAME, DEFAULT_PATH, render
-from atom_operator import kube
+from atom_operator import kube, webhook
 from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
 from atom_operator.reconcile import Observed, reconcile
@@ -210,6 +210,19 @@ def test_engine_image_and_pull_policy_reach_the_operator(tmp_path: Path) -> None
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ATOM_ENGINE_IMAGE"] == "r.example/engine:9"
     assert env["ATOM_ENGINE_IMAGE_PULL_POLICY"] == "Always"
+
+
+@pytest.mark.parametrize(
+    ("values", "listen"),
+    [({}, "0.0.0.0"), ({"webhook": {"enabled": False}}, "127.0.0.1")],
+    ids=["webhook", "no-webhook"],
+)
+def test_operator_env_always_gives_kopf_a_webhook_server(tmp_path: Path, values: dict, listen: str) -> None:
+    """kopf will not start validate handlers without a server: the rendered env must yield one, in every mode."""
+    docs = render_chart(tmp_path, "ops", values)
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    server = webhook.server_from_env({e["name"]: e["value"] for e in container["env"]})
+    assert server is not None and server.addr == listen
 
 
 # ---- refused values ----------------------------------------------------------------------------------------

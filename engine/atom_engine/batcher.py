@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from atom_engine.kv_blocks import KVBlocks
+from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, Status, StepOutput
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Batcher:
             self.lanes[lane] = seq
             self.counters["prompt_tokens"] += len(seq.prompt)
             try:
-                alloc = self.kv.allocate(seq.id, seq.prompt)
+                alloc = self._allocate(seq)
                 seq.block = alloc.block
                 if alloc.source is not None:
                     try:
@@ -143,6 +143,10 @@ class Batcher:
                 seq.status = Status.PREFILL
             except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
                 self._fail(seq, exc, out)
+
+    def _allocate(self, seq: Sequence) -> Allocation:
+        """The lane's block (and prefix-cache source); PD's batcher overrides it for prefetched requests."""
+        return self.kv.allocate(seq.id, seq.prompt)
 
     def _prefill(self, out: list[StepOutput]) -> None:
         for seq in self.running():

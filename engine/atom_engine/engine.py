@@ -11,12 +11,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from atom_engine import limits
 from atom_engine.batcher import Batcher
 from atom_engine.kv_blocks import KVBlocks, SourceSlots
 from atom_engine.sequence import RequestRejected, SamplingParams, Sequence, StepOutput
 from atom_engine.settings import EngineSettings
+
+if TYPE_CHECKING:
+    from atom_engine.pd.remote import RemotePrefill
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,15 @@ class RequestOutput:
 
 
 class LLMEngine:
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineSettings, remote: RemotePrefill | None = None) -> None:
+        """``remote``: the decode side of PD disaggregation (atom_engine.pd), required when localPrefill is
+        false: the batcher then never prefills locally but imports the KV that prefill workers ship."""
         # EngineSettings validates on construction; check again for settings built without validation.
         limits.check(settings.view(), scope="engine")
-        if not settings.local_prefill:
-            raise NotImplementedError(
-                "localPrefill: false (remote-only prefill) needs the PD serving layer; this engine core prefills"
-                " locally only"
+        if not settings.local_prefill and remote is None:
+            raise ValueError(
+                "localPrefill: false (remote-only prefill) needs a prefill client: serve with --role decode and"
+                " prefillWorkers set, or set localPrefill: true"
             )
         from atom_engine.model.loader import load_model
         from atom_engine.runner import ModelRunner
@@ -51,12 +57,20 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, backend=settings.backend, lanes=settings.lanes,
                                   kv_blocks=settings.kv_blocks, prefill_chunk=settings.prefill_chunk)
         self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
-        self.source_slots = SourceSlots(1)
-        self.batcher = Batcher(
-            self.runner, self.kv, lanes=settings.lanes, max_seq_len=settings.max_seq_len,
-            prefill_chunk=self.runner.chunk, max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,
+        # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
+        self.source_slots = SourceSlots(settings.lanes)
+        batcher_args = dict(
+            lanes=settings.lanes, max_seq_len=settings.max_seq_len, prefill_chunk=self.runner.chunk,
+            max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,
             detokenize=self.tokenizer.decode if self.tokenizer else None,
         )
+        if settings.local_prefill:
+            self.batcher = Batcher(self.runner, self.kv, **batcher_args)
+        else:
+            from atom_engine.pd.remote import RemoteBatcher
+
+            self.batcher = RemoteBatcher(self.runner, self.kv, remote=remote, slots=self.source_slots,
+                                         prefetch_next=settings.prefetch_next, **batcher_args)
         self._step_lock = threading.Lock()
 
     # -- requests --------------------------------------------------------------------------------

@@ -106,6 +106,39 @@ class KVBlocks:
         self.hit_tokens += n
         return Allocation(block, source, n)
 
+    def pin_prefix(self, tokens: Sequence[int]) -> tuple[int, int] | None:
+        """Pin the entry sharing the longest prefix with ``tokens``: (its block, the shared length), or None.
+
+        For B1 prefetch: the prefill worker ships only the tokens after the prefix, so the entry must survive
+        until the lane imports; the caller copies from it with :meth:`allocate_from` or gives it back with
+        :meth:`unpin`. Counts as a prefix-cache query (and a hit when found), as :meth:`allocate` does.
+        """
+        if not self.prefix_cache or not tokens:
+            return None
+        self.queries += 1
+        hit = self.lookup(tokens)
+        if hit is None:
+            return None
+        key, n = hit
+        source = self.cache[key]
+        self.pins[source] = self.pins.get(source, 0) + 1
+        self.cache.move_to_end(key)
+        self.hits += 1
+        self.hit_tokens += n
+        return source, n
+
+    def allocate_from(self, owner: Hashable, source: int, cached_len: int) -> Allocation:
+        """A block for ``owner`` that copies from ``source``, an entry pinned earlier by :meth:`pin_prefix`.
+
+        The pin passes to the returned allocation: the caller unpins after the copy, as after :meth:`allocate`.
+        """
+        if owner in self.lanes:
+            raise ValueError(f"{owner!r} already holds block {self.lanes[owner]}")
+        if source not in self.pins:
+            raise ValueError(f"block {source} is not a pinned cache entry")
+        self.lanes[owner] = self._take()  # the pin keeps the source
+        return Allocation(self.lanes[owner], source, cached_len)
+
     def unpin(self, source: int) -> None:
         """The copy from ``source`` is done (or abandoned): it may be evicted again."""
         left = self.pins[source] - 1

@@ -31,12 +31,26 @@ class EngineSettings(BaseModel):
     local_prefill: bool = True
     prefetch_next: bool = False
     prefill_workers: str | None = Field(
-        None, description="host:port of the prefill workers (a headless Service name resolves to all of them)."
+        None,
+        description="host:port of the prefill workers (a headless Service name resolves to all of them); several"
+        " host:port entries may be given separated by commas.",
     )
     prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     seed: int = 0
+    # PD transfer bounds (serving layer): every wait on a prefill worker ends, see atom_engine.pd.client.
+    pd_connect_timeout_seconds: float = Field(3.0, gt=0, description="Connecting to a prefill worker.")
+    pd_response_timeout_seconds: float = Field(
+        60.0, gt=0, description="Until a shipment starts: the worker's queue plus the prefill."
+    )
+    pd_read_timeout_seconds: float = Field(10.0, gt=0, description="Between two pieces of a shipment.")
+    pd_total_timeout_seconds: float = Field(120.0, gt=0, description="One attempt on one worker, all in.")
+    pd_attempts: int = Field(2, ge=1, le=8, description="Workers tried per shipment (a retry goes to another).")
+    pd_resolve_interval_seconds: float = Field(5.0, gt=0, description="How often prefillWorkers is re-resolved.")
+    pd_send_timeout_seconds: float = Field(
+        30.0, gt=0, description="Prefill side: one write to a decoder; a decoder that stops reading is dropped."
+    )
 
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineSettings:

@@ -1,0 +1,202 @@
+"""The decode side's client of the prefill workers: find them, spread work over them, fetch one frame.
+
+``prefillWorkers`` is ``host:port`` (a headless Service name resolving to every ready worker), or several of
+them separated by commas. Names are re-resolved every ``resolve_interval`` seconds and after a failure, so
+workers that come and go are followed. Each fetch goes to the worker with the fewest fetches in flight (ties
+rotate); a worker that failed is avoided for ``cooldown`` seconds.
+
+Fault policy: a failed attempt (connection refused or reset, a timeout, a truncated or corrupt frame, a 5xx)
+is retried once on *another* worker, and the request fails with :class:`PrefillUnavailable` (HTTP 503) when
+no other worker is known or the retry fails too. Retrying is safe because a prefill has no side effect on the
+decode side (nothing is imported before the whole frame has been checked) and it is what a client would do
+anyway; it is bounded to one other worker so a sick pool turns into fast, clear 503s rather than a pile-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from atom_engine.pd.wire import CorruptTransfer, Expect, Shipment, read_frame
+
+log = logging.getLogger("atom_engine.pd")
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+class PrefillUnavailable(RuntimeError):
+    """No prefill worker produced the KV (HTTP 503 for the request)."""
+
+
+class WorkerFailed(RuntimeError):
+    """One attempt on one worker failed; the message says how."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 3.0
+    response: float = 60.0  # until the frame starts: the worker's queue plus the prefill itself
+    read: float = 10.0  # between two pieces of the frame
+    total: float = 120.0
+
+
+@dataclass
+class ClientStats:
+    fetches: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # reason -> count
+    bytes_received: int = 0
+    transfer_seconds: float = 0.0  # from the first byte of a frame to its last
+    per_worker: dict[str, int] = field(default_factory=dict)
+
+
+async def resolve_host(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({f"[{i[4][0]}]:{port}" if i[0] == socket.AF_INET6 else f"{i[4][0]}:{port}" for i in infos})
+
+
+def parse_targets(spec: str) -> list[tuple[str, int]]:
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"prefillWorkers entries must be host:port; got {item!r}")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+class PrefillClient:
+    def __init__(self, targets: str, *, timeouts: Timeouts | None = None, attempts: int = 2,
+                 resolve_interval: float = 5.0, cooldown: float = 5.0, resolver: Resolver = resolve_host) -> None:
+        self.targets = parse_targets(targets)
+        self.timeouts = timeouts or Timeouts()
+        self.attempts = attempts
+        self.resolve_interval = resolve_interval
+        self.cooldown = cooldown
+        self.resolver = resolver
+        self.stats = ClientStats()
+        self._addresses: list[str] = []
+        self._resolved_at = -1e9
+        self._in_flight: dict[str, int] = {}
+        self._failed_at: dict[str, float] = {}
+        self._turn = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # No pool limit: the decode side bounds concurrent fetches by its source slots.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- discovery and spreading --------------------------------------------------------------------
+    async def addresses(self, *, force: bool = False) -> list[str]:
+        now = time.monotonic()
+        if force or now - self._resolved_at >= self.resolve_interval or not self._addresses:
+            found: list[str] = []
+            for host, port in self.targets:
+                try:
+                    found += await asyncio.wait_for(self.resolver(host, port), self.timeouts.connect)
+                except (OSError, TimeoutError) as exc:
+                    log.warning("event=prefill_resolve_failed host=%s error=%r", host, exc)
+            if found != self._addresses:
+                log.info("event=prefill_workers addresses=%s", ",".join(found) or "-")
+            self._addresses, self._resolved_at = list(dict.fromkeys(found)), now
+        return self._addresses
+
+    def pick(self, addresses: list[str], exclude: set[str]) -> str | None:
+        """Fewest fetches in flight; healthy workers before ones that failed recently; ties rotate."""
+        choices = [a for a in addresses if a not in exclude]
+        if not choices:
+            return None
+        now = time.monotonic()
+        turn = next(self._turn)
+        order = {a: (i - turn) % len(choices) for i, a in enumerate(choices)}
+        return min(choices, key=lambda a: (now - self._failed_at.get(a, -1e9) < self.cooldown,
+                                           self._in_flight.get(a, 0), order[a]))
+
+    # -- fetching -----------------------------------------------------------------------------------
+    async def fetch(self, expect: Expect, prompt: list[int], buffer: bytearray | None = None) -> Shipment:
+        """The KV of ``prompt[expect.start:]`` from some worker, checked against ``expect``."""
+        self.stats.fetches += 1
+        tried: set[str] = set()
+        errors: list[str] = []
+        for attempt in range(self.attempts):
+            address = self.pick(await self.addresses(force=attempt > 0), tried)
+            if address is None:
+                break
+            if attempt:
+                self.stats.retries += 1
+            tried.add(address)
+            try:
+                return await self._fetch_from(address, expect, prompt, buffer)
+            except WorkerFailed as exc:
+                self._failed_at[address] = time.monotonic()
+                errors.append(f"{address}: {exc}")
+                log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d error=%s",
+                            expect.request_id, address, attempt + 1, exc)
+        if not errors:
+            raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}")
+        raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): {'; '.join(errors)}")
+
+    def _target_text(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.targets)
+
+    def _fail(self, reason: str, message: str) -> WorkerFailed:
+        self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
+        return WorkerFailed(message)
+
+    async def _fetch_from(self, address: str, expect: Expect, prompt: list[int],
+                          buffer: bytearray | None) -> Shipment:
+        assert self._session is not None, "PrefillClient.start() was not awaited"
+        self.stats.attempts += 1
+        self.stats.per_worker[address] = self.stats.per_worker.get(address, 0) + 1
+        self._in_flight[address] = self._in_flight.get(address, 0) + 1
+        t = self.timeouts
+        timeout = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_read=t.response)
+        body = {"request_id": expect.request_id, "prompt_token_ids": prompt, "start": expect.start}
+        try:
+            async with asyncio.timeout(t.total):
+                async with self._session.post(f"http://{address}/v1/kv/prefill", json=body,
+                                              timeout=timeout) as resp:
+                    if resp.status != 200:
+                        text = (await asyncio.wait_for(resp.text(), t.read))[:300]
+                        raise self._fail("status", f"HTTP {resp.status}: {text}")
+                    return await self._read(resp, expect, buffer)
+        except TimeoutError as exc:  # before ClientError: aiohttp's socket timeouts are both
+            raise self._fail("timeout", f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
+                                        f" total {t.total}s)") from exc
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            raise self._fail("connection", f"{type(exc).__name__}: {exc}") from exc
+        except CorruptTransfer as exc:
+            raise self._fail("corrupt", f"corrupt KV transfer refused: {exc}") from exc
+        finally:
+            self._in_flight[address] -= 1
+
+    async def _read(self, resp: aiohttp.ClientResponse, expect: Expect, buffer: bytearray | None) -> Shipment:
+        first = [True]
+        started = [0.0]
+
+        async def read_exactly(n: int) -> bytes:
+            limit = self.timeouts.response if first[0] else self.timeouts.read
+            try:
+                data = await asyncio.wait_for(resp.content.readexactly(n), limit)
+            except asyncio.IncompleteReadError as exc:
+                raise aiohttp.ClientPayloadError(f"frame cut short after {len(exc.partial)} of {n} bytes") from exc
+            if first[0]:
+                first[0], started[0] = False, time.perf_counter()
+            self.stats.bytes_received += len(data)
+            return data
+
+        ship = await read_frame(read_exactly, expect, buffer)
+        self.stats.transfer_seconds += time.perf_counter() - started[0]
+        return ship

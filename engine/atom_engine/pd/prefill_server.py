@@ -1,0 +1,100 @@
+"""The prefill role's HTTP side: ``POST /v1/kv/prefill`` computes a prompt's KV and streams it back as one frame.
+
+Request JSON: ``{"request_id": str, "prompt_token_ids": [int], "start": int}``; the response is
+``application/octet-stream`` (see :mod:`atom_engine.pd.wire`) or an OpenAI-style JSON error (400, 500). Every
+write has a timeout, so a decoder that stops reading frees the worker after ``sendTimeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from atom_engine.pd import wire
+from atom_engine.pd.faults import Faults
+from atom_engine.pd.worker import PrefillWorker
+from atom_engine.sequence import RequestRejected
+from atom_engine.server.errors import error_response
+
+log = logging.getLogger("atom_engine.prefill")
+WRITE_PIECE = 1 << 20
+
+
+class PrefillService:
+    def __init__(self, worker: PrefillWorker, *, send_timeout: float, faults: Faults | None = None) -> None:
+        self.worker = worker
+        self.send_timeout = send_timeout
+        self.faults = faults or Faults()
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="prefill")
+        self.counters = {"requests": 0, "sends_started": 0, "sends_completed": 0, "sends_failed": 0,
+                         "bytes_sent": 0}
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/v1/kv/prefill", self.prefill)]
+
+    async def prefill(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+            rid, tokens, start = str(body["request_id"]), body["prompt_token_ids"], body["start"]
+            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens) or type(start) is not int:
+                raise TypeError("prompt_token_ids must be a list of ints and start an int")
+            self.worker.validate(tokens, start)
+        except (ValueError, KeyError, TypeError) as exc:
+            return error_response(400, f"bad prefill request: {exc}", param=None)
+        self.counters["requests"] += 1
+        gone = threading.Event()
+        try:
+            await self.faults.hold(tokens)
+            if Faults.matches(self.faults.fail_marker, tokens):
+                raise RuntimeError("injected prefill failure")
+            loop = asyncio.get_running_loop()
+            ship = await loop.run_in_executor(self.executor, self.worker.compute, rid, tokens, start, gone)
+        except asyncio.CancelledError:
+            gone.set()  # the decoder went away: skip the work if it has not started
+            log.info("event=prefill_abandoned request_id=%s", rid)
+            raise
+        except RequestRejected as exc:
+            return error_response(400, str(exc), param="prompt_token_ids")
+        except Exception as exc:  # noqa: BLE001 - a producer error: the decoder retries or fails the request
+            log.warning("event=prefill_failed request_id=%s error=%r", rid, exc)
+            return error_response(500, f"prefill failed: {exc}", err_type="internal_error", code="prefill_failed")
+        assert ship is not None
+        head, parts = wire.encode(ship)
+        if Faults.matches(self.faults.corrupt_marker, tokens):
+            broken = bytearray(parts[0])
+            broken[0] ^= 0xFF
+            parts[0] = memoryview(bytes(broken))
+        return await self._send(request, rid, head, parts)
+
+    async def _send(self, request: web.Request, rid: str, head: bytes, parts: list[memoryview]
+                    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = len(head) + sum(p.nbytes for p in parts)
+        self.counters["sends_started"] += 1
+        sent = 0
+        try:
+            await asyncio.wait_for(resp.prepare(request), self.send_timeout)
+            for part in [memoryview(head), *parts]:
+                for off in range(0, part.nbytes, WRITE_PIECE):
+                    piece = part[off : off + WRITE_PIECE]
+                    stall = self.faults.stall_after_bytes
+                    if stall is not None and sent + piece.nbytes > stall:
+                        await asyncio.wait_for(resp.write(bytes(piece[: max(0, stall - sent)])), self.send_timeout)
+                        log.warning("event=prefill_send_stalled request_id=%s bytes=%d (fault injection)", rid, stall)
+                        await asyncio.sleep(3600)
+                    await asyncio.wait_for(resp.write(bytes(piece)), self.send_timeout)
+                    sent += piece.nbytes
+            await asyncio.wait_for(resp.write_eof(), self.send_timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            self.counters["sends_failed"] += 1
+            log.warning("event=prefill_send_failed request_id=%s sent=%d error=%r", rid, sent, exc)
+            raise
+        finally:
+            self.counters["bytes_sent"] += sent
+        self.counters["sends_completed"] += 1
+        log.info("event=prefill_sent request_id=%s bytes=%d", rid, sent)
+        return resp

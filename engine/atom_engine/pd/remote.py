@@ -1,0 +1,221 @@
+"""Remote-only prefill on the decode side: the batcher never prefills, it imports KV that workers ship.
+
+Threads: the batcher steps in the engine's worker thread; fetches run on the server's event loop. A fetch is a
+``concurrent.futures.Future`` (``asyncio.run_coroutine_threadsafe``), its payload lands in a reserved source
+slot's staging buffer, and the batcher imports it into the lane's block at a later step. Slot bookkeeping is
+shared by both threads, so it is done under ``_slot_lock``.
+
+Lifecycle of a shipment (DESIGN.md, "PD disaggregation" and "B1 prefetch"):
+- the lane is admitted (prefix-cache copy first), a source slot is reserved (or the lane waits for one), and
+  the fetch of the uncached suffix starts;
+- when the fetch is done the KV is imported into the lane's block, the first token is sampled from the shipped
+  logits, and the slot is released;
+- when the request ends first (cancel, error), the lane and its block go at once, but the slot stays reserved
+  until the fetch (the producer) completes, since it may still be writing into the slot; fetches are bounded
+  by the client's timeouts, so nothing waits forever.
+
+B1 prefetch (``prefetchNext``, one lane): while the lane decodes, the head of the queue is fetched into the
+slot; with a prefix cache its entry is pinned and only the uncached suffix is shipped; at admission the lane
+copies from the pinned entry and imports the prefetched KV without a second fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from atom_engine.batcher import Batcher
+from atom_engine.kv_blocks import Allocation, KVBlocks, SourceSlots
+from atom_engine.pd.client import PrefillClient
+from atom_engine.pd.wire import Expect, Shipment
+from atom_engine.sampling import sample
+from atom_engine.sequence import Sequence, Status, StepOutput
+
+log = logging.getLogger("atom_engine.pd")
+
+
+class RemotePrefill:
+    """Starts fetches on the event loop for the engine thread; each source slot has its own staging buffer."""
+
+    def __init__(self, client: PrefillClient, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.loop = loop
+        self.layout: dict[str, Any] | None = None  # the model's KV shape, known once it is loaded
+        self.slot_bytes = 0
+        self.wakeup: Callable[[], None] = lambda: None
+        self.buffers: dict[int, bytearray] = {}
+
+    def configure(self, model: Any, *, wakeup: Callable[[], None]) -> None:
+        """The loaded model's KV layout (what every frame must match) and how to wake the engine loop."""
+        cfg = model.cfg
+        dtype = model.lm_head.weight.dtype
+        self.layout = dict(layers=cfg.num_layers, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                           vocab=cfg.vocab_size, dtype=dtype)
+        # A slot holds a whole sequence's K and V (maxSeqLen tokens) and the logits of one token.
+        self.slot_bytes = (2 * cfg.num_layers * cfg.num_kv_heads * model.max_seq_len * cfg.head_dim
+                           * dtype.itemsize + 4 * cfg.vocab_size)
+        self.wakeup = wakeup
+
+    def submit(self, request_id: str, prompt: list[int], start: int, slot: int) -> concurrent.futures.Future:
+        if self.layout is None:
+            raise RuntimeError("RemotePrefill.configure() was not called")
+        expect = Expect(request_id, start, prompt[start:], **self.layout)
+        buffer = self.buffers.get(slot)
+        if buffer is None:  # allocated on first use, then reused by every shipment into this slot
+            buffer = self.buffers[slot] = bytearray(self.slot_bytes)
+        fut = asyncio.run_coroutine_threadsafe(self.client.fetch(expect, prompt, buffer), self.loop)
+        fut.add_done_callback(lambda _f: self.wakeup())
+        return fut
+
+
+@dataclass
+class Transfer:
+    future: concurrent.futures.Future
+    slot: int
+    start: int
+    prefetched: bool = False
+    source: int | None = None  # a prefetch's pinned prefix-cache entry, until the lane copies from it
+
+
+class RemoteBatcher(Batcher):
+    def __init__(self, runner: Any, kv: KVBlocks, *, remote: RemotePrefill, slots: SourceSlots,
+                 prefetch_next: bool = False, **kwargs: Any) -> None:
+        super().__init__(runner, kv, **kwargs)
+        self.remote = remote
+        self.slots = slots
+        self.prefetch_next = prefetch_next
+        self.transfers: dict[str, Transfer] = {}
+        self.prefetch_id: str | None = None  # at most one prefetch; held until imported or its producer is done
+        self._slot_lock = threading.Lock()  # slots and prefetch_id: released from the event loop's thread too
+        self.counters.update({
+            "remote_prefills": 0, "remote_prefill_tokens": 0, "kv_bytes_imported": 0, "prefetch_started": 0,
+            "prefetch_hits": 0, "prefetch_cancelled": 0, "prefetch_failed": 0, "prefetch_cached_tokens": 0,
+        })
+
+    # -- idle, slots ------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        with self._slot_lock:
+            held = self.slots.held() > 0 or self.prefetch_id is not None
+        return held or super().has_work()
+
+    def prefetch_ready(self) -> bool:
+        """A prefetched shipment has arrived and waits for its lane (its slot stays reserved until then)."""
+        t = self.transfers.get(self.prefetch_id or "")
+        return t is not None and t.prefetched and t.future.done()
+
+    def slots_held(self) -> int:
+        with self._slot_lock:
+            return self.slots.held()
+
+    def waiting_on_transfers(self) -> bool:
+        """No lane can run a step now: every busy lane waits for a shipment (the engine loop may sleep)."""
+        busy = self.running()
+        return not busy or all(s.status is Status.PREFILL for s in busy)
+
+    def _reserve(self, request_id: str) -> int | None:
+        with self._slot_lock:
+            return self.slots.reserve(request_id)
+
+    def _producer_done(self, request_id: str) -> None:
+        with self._slot_lock:
+            self.slots.release(request_id)
+            if self.prefetch_id == request_id:
+                self.prefetch_id = None
+        self.remote.wakeup()
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        out = super().step()
+        if self.prefetch_next:
+            self._prefetch()
+        return out
+
+    def _allocate(self, seq: Sequence) -> Allocation:
+        t = self.transfers.get(seq.id)
+        if t is None or not t.prefetched:
+            return self.kv.allocate(seq.id, seq.prompt)
+        if t.source is None:
+            return self.kv.allocate(seq.id)  # the prefetch ships the whole prompt: no lookup, no copy
+        alloc = self.kv.allocate_from(seq.id, t.source, t.start)
+        t.source = None  # the pin now belongs to the allocation, which _admit unpins after the copy
+        return alloc
+
+    def _prefill(self, out: list[StepOutput]) -> None:
+        for seq in self.running():
+            if seq.status is not Status.PREFILL:
+                continue
+            t = self.transfers.get(seq.id)
+            if t is None:
+                slot = self._reserve(seq.id)
+                if slot is None:
+                    continue  # every slot is busy: try again next step
+                t = self.transfers[seq.id] = Transfer(
+                    self.remote.submit(seq.id, seq.prompt, seq.computed, slot), slot, seq.computed)
+                self.counters["remote_prefills"] += 1
+            if not t.future.done():
+                continue
+            del self.transfers[seq.id]
+            try:
+                self._import(seq, t, out)
+            except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
+                if t.prefetched:
+                    self.counters["prefetch_failed"] += 1
+                self._fail(seq, exc, out)
+            finally:
+                self._producer_done(seq.id)  # the slot is free only now, after the import
+
+    def _import(self, seq: Sequence, t: Transfer, out: list[StepOutput]) -> None:
+        ship: Shipment = t.future.result()  # raises the fetch's error
+        if t.start != seq.computed:
+            raise RuntimeError(f"shipment starts at {t.start}, the lane's block has {seq.computed} tokens")
+        self.runner.import_kv(seq.block, t.start, ship.k, ship.v)
+        token = sample(ship.logits, seq)
+        self.counters["remote_prefill_tokens"] += len(ship.token_ids)
+        self.counters["kv_bytes_imported"] += ship.payload_bytes
+        if t.prefetched:
+            self.counters["prefetch_hits"] += 1
+        seq.computed = len(seq.prompt)
+        seq.status = Status.DECODE
+        self._append(seq, token, out)
+
+    def _prefetch(self) -> None:
+        """B1: ship the head of the queue while every lane decodes, one prefetch at a time."""
+        if any(s is None or s.status is not Status.DECODE for s in self.lanes):
+            return
+        with self._slot_lock:
+            if self.prefetch_id is not None or not self.waiting:
+                return
+            head = self.waiting[0]
+        if head.id in self.transfers:
+            return
+        slot = self._reserve(head.id)
+        if slot is None:
+            return
+        pinned = self.kv.pin_prefix(head.prompt)
+        source, start = pinned if pinned is not None else (None, 0)
+        with self._slot_lock:
+            self.prefetch_id = head.id
+        self.transfers[head.id] = Transfer(self.remote.submit(head.id, head.prompt, start, slot), slot, start,
+                                           prefetched=True, source=source)
+        self.counters["prefetch_started"] += 1
+        self.counters["prefetch_cached_tokens"] += start
+        self.counters["remote_prefills"] += 1
+        log.info("event=prefetch_started request_id=%s cached_tokens=%d", head.id, start)
+
+    # -- outcomes ---------------------------------------------------------------------------------
+    def _finish(self, seq: Sequence, reason: str, out: list[StepOutput], new: tuple[int, ...] = ()) -> None:
+        t = self.transfers.pop(seq.id, None)
+        if t is not None:  # ended before its import: the slot waits for the producer
+            if t.source is not None:
+                self.kv.unpin(t.source)
+                t.source = None
+            if t.prefetched:
+                key = "prefetch_cancelled" if reason == "cancelled" else "prefetch_failed"
+                self.counters[key] += 1
+            t.future.add_done_callback(lambda _f, rid=seq.id: self._producer_done(rid))
+        super()._finish(seq, reason, out, new)

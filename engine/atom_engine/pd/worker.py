@@ -1,0 +1,94 @@
+"""The prefill worker's compute: a prompt's KV in a local block, exported for shipping. Runs in one thread.
+
+The block is released (cached when the worker has a prefix cache) before anything is sent, so a slow or dead
+decoder never pins the worker's KV blocks; only the exported copy waits for the send, bounded by its timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+import torch
+
+from atom_engine.kv_blocks import KVBlocks
+from atom_engine.pd.wire import Shipment
+from atom_engine.sequence import RequestRejected
+from atom_engine.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+class PrefillWorker:
+    def __init__(self, settings: EngineSettings) -> None:
+        from atom_engine.model.loader import load_model
+        from atom_engine.runner import ModelRunner
+
+        self.settings = settings
+        self.model, self.tokenizer = load_model(settings.model_source, max_seq_len=settings.max_seq_len,
+                                                dtype=settings.dtype, seed=settings.seed)
+        # The same shapes as decode (the operator gives prefill pods decode's lanes and kvBlocks).
+        self.runner = ModelRunner(self.model, backend=settings.backend, lanes=settings.lanes,
+                                  kv_blocks=settings.kv_blocks, prefill_chunk=settings.prefill_chunk)
+        self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
+        self.vocab_size = self.model.cfg.vocab_size
+        self._lock = threading.Lock()  # one model: one prefill at a time
+        self._ids = itertools.count()
+        self.counters = {"prefills": 0, "prefill_tokens_computed": 0, "shipped_tokens": 0, "prefill_failures": 0,
+                         "skipped_gone": 0}
+
+    def warm(self) -> None:
+        """Run the prefill graph once on the scratch block (touches no request's block)."""
+        from atom_engine.kv_blocks import SCRATCH_BLOCK
+
+        self.runner.prefill_logits(SCRATCH_BLOCK, 0, [0])
+
+    def validate(self, tokens: list[int], start: int) -> None:
+        if not tokens:
+            raise RequestRejected("prompt_token_ids is empty")
+        if len(tokens) > self.settings.max_seq_len:
+            raise RequestRejected(f"the prompt has {len(tokens)} tokens; maxSeqLen is {self.settings.max_seq_len}")
+        if not 0 <= start < len(tokens):
+            raise RequestRejected(f"start must be in [0, {len(tokens)}); got {start}")
+        if any(not 0 <= t < self.vocab_size for t in tokens):
+            raise RequestRejected(f"token ids must be in [0, {self.vocab_size})")
+
+    def compute(self, request_id: str, tokens: list[int], start: int, gone: threading.Event | None = None
+                ) -> Shipment | None:
+        """KV of ``tokens[start:]`` (attending to the whole prompt) and the last token's logits; None when the
+        requester went away before the work started."""
+        self.validate(tokens, start)
+        with self._lock:
+            if gone is not None and gone.is_set():
+                self.counters["skipped_gone"] += 1
+                return None
+            owner = f"prefill-{next(self._ids)}"
+            alloc = self.kv.allocate(owner, tokens)
+            ok = False
+            try:
+                computed = 0
+                if alloc.source is not None:
+                    try:
+                        self.runner.copy_block(alloc.source, alloc.block)
+                    finally:
+                        self.kv.unpin(alloc.source)
+                    computed = alloc.cached_len
+                logits = None
+                chunk = self.runner.chunk
+                while computed < len(tokens):
+                    piece = tokens[computed : computed + chunk]
+                    logits = self.runner.prefill_logits(alloc.block, computed, piece)
+                    computed += len(piece)
+                    self.counters["prefill_tokens_computed"] += len(piece)
+                k, v = self.runner.export_kv(alloc.block, start, len(tokens))
+                assert logits is not None  # the last prompt token is never cached (KVBlocks.lookup)
+                ok = True
+            except Exception:
+                self.counters["prefill_failures"] += 1
+                raise
+            finally:
+                self.kv.release(owner, tokens if ok else None)
+            self.counters["prefills"] += 1
+            self.counters["shipped_tokens"] += len(tokens) - start
+        return Shipment(request_id, start, tokens[start:], k, v, logits.detach().to(torch.float32).clone())

@@ -1,0 +1,1 @@
+"""The engine's HTTP server: OpenAI routes, health, readiness and Prometheus metrics (aiohttp)."""

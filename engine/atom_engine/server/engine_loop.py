@@ -1,0 +1,112 @@
+"""The engine loop: ``LLMEngine.step()`` in one worker thread; outputs handed to the event loop per request.
+
+The event loop never runs a model step. ``submit`` queues a request (thread-safe in the engine) and returns an
+async stream of its :class:`StepOutput`s; leaving the stream early (client gone) cancels the request, which
+frees its lane and block at the next step. If a step raises (a bug, not a request's fault: those are isolated
+by the batcher) the loop stops, every open stream ends with an error and /health turns 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from atom_engine.engine import LLMEngine
+from atom_engine.sequence import SamplingParams, Sequence, StepOutput
+
+log = logging.getLogger("atom_engine.server")
+IDLE_WAIT = 0.5  # a bound, not a poll interval: new work sets the wakeup event
+STALL_WAIT = 0.05  # every lane waits for a shipment; its arrival sets the wakeup event
+
+
+class EngineDead(RuntimeError):
+    """The engine loop stopped; nothing more will be served."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.wakeup = threading.Event()
+        self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.wakeup.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stop.is_set():
+                if not engine.has_unfinished():
+                    self.wakeup.wait(IDLE_WAIT)
+                    self.wakeup.clear()
+                    continue
+                c = engine.batcher.counters
+                before = c["decode_steps"] + c["prefill_chunks"]
+                outs = engine.step()
+                if outs:
+                    self.loop.call_soon_threadsafe(self._deliver, outs)
+                elif c["decode_steps"] + c["prefill_chunks"] == before:
+                    self.wakeup.wait(STALL_WAIT)  # waiting for shipments, slots or a producer to finish
+                    self.wakeup.clear()
+        except BaseException as exc:  # noqa: BLE001 - report any death of the loop, then end every stream
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("event=engine_loop_died error=%r", self.error)
+            self.loop.call_soon_threadsafe(self._fail_all, EngineDead(f"the engine loop stopped: {self.error}"))
+
+    def _deliver(self, outs: list[StepOutput]) -> None:
+        for out in outs:
+            queue = self.streams.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for queue in self.streams.values():
+            queue.put_nowait(exc)
+
+    async def submit(self, prompt: list[int], params: SamplingParams, request_id: str
+                     ) -> tuple[Sequence, AsyncIterator[StepOutput]]:
+        """Queue a request (RequestRejected: 400, QueueFull: 429, EngineDead: 503) and stream its outputs."""
+        if not self.alive:
+            raise EngineDead(f"the engine loop stopped: {self.error}")
+        queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
+        self.streams[request_id] = queue
+        try:
+            seq = self.engine.add_request(prompt, params, request_id)
+        except BaseException:
+            del self.streams[request_id]
+            raise
+        self.wakeup.set()
+        return seq, self._stream(request_id, queue)
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepOutput]:
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self.streams.pop(request_id, None)
+            if not finished:
+                self.engine.cancel(request_id)  # the client left: free the lane and block at the next step
+                self.wakeup.set()
+                log.info("event=request_cancelled request_id=%s", request_id)

@@ -1,0 +1,97 @@
+"""Prometheus metrics: the vLLM names gateways and dashboards read, plus the engine's own (``atom:``).
+
+Gauges and counters are read from the engine at scrape time (one source of truth, no double counting); the
+latency histograms are observed per request by the server. Each server has its own registry, so several can
+live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+Stats = Callable[[], dict[str, float]]
+
+# name -> (kind, stats key, help)
+VLLM = {
+    "vllm:num_requests_running": ("gauge", "running", "Requests holding a lane."),
+    "vllm:num_requests_waiting": ("gauge", "waiting", "Requests in the waiting queue."),
+    "vllm:kv_cache_usage_perc": ("gauge", "kv_usage", "Share of KV blocks (scratch excluded) held by lanes, 0..1."),
+    "vllm:prefix_cache_queries": ("counter", "prefix_query_tokens", "Prompt tokens looked up in the prefix cache."),
+    "vllm:prefix_cache_hits": ("counter", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
+    "vllm:prompt_tokens": ("counter", "prompt_tokens", "Prompt tokens of admitted requests."),
+    "vllm:generation_tokens": ("counter", "generation_tokens", "Generated tokens."),
+}
+ATOM = {
+    "atom:kv_blocks_total": ("gauge", "kv_blocks", "KV blocks compiled in (kvBlocks)."),
+    "atom:kv_blocks_free": ("gauge", "free_blocks", "Free KV blocks."),
+    "atom:kv_blocks_cached": ("gauge", "cached_blocks", "KV blocks held by prefix-cache entries."),
+    "atom:kv_blocks_lanes": ("gauge", "lane_blocks", "KV blocks held by lanes."),
+    "atom:kv_blocks_pinned": ("gauge", "pinned_blocks", "Prefix-cache entries pinned as copy sources."),
+    "atom:engine_idle": ("gauge", "idle", "1 when the batcher reports no work (no request, no held prefetch)."),
+    "atom:pd_source_slots_held": ("gauge", "slots_held", "PD source slots reserved."),
+    "atom:requests_finished": ("counter", "requests_finished", "Requests that ended with stop or length."),
+    "atom:requests_cancelled": ("counter", "requests_cancelled", "Requests cancelled (client gone)."),
+    "atom:requests_failed": ("counter", "requests_failed", "Requests that ended with an error."),
+    "atom:requests_rejected": ("counter", "requests_rejected", "Requests refused before queueing (400/429)."),
+    "atom:prefill_tokens_computed": ("counter", "prefill_tokens_computed", "Prompt tokens prefilled here."),
+    "atom:pd_remote_prefills": ("counter", "remote_prefills", "Shipments requested from prefill workers."),
+    "atom:pd_remote_prefill_tokens": ("counter", "remote_prefill_tokens", "Prompt tokens whose KV was imported."),
+    "atom:pd_kv_bytes_imported": ("counter", "kv_bytes_imported", "Payload bytes of imported shipments."),
+    "atom:pd_bytes_received": ("counter", "pd_bytes_received", "Bytes read from prefill workers (all frames)."),
+    "atom:pd_transfer_seconds": ("counter", "pd_transfer_seconds", "Time from a frame's first byte to its last."),
+    "atom:pd_fetch_attempts": ("counter", "pd_attempts", "Fetch attempts on prefill workers."),
+    "atom:pd_fetch_retries": ("counter", "pd_retries", "Fetches retried on another worker."),
+    "atom:pd_fetch_failures": ("counter", "pd_failures", "Failed fetch attempts."),
+    "atom:prefetch_started": ("counter", "prefetch_started", "B1 prefetches started."),
+    "atom:prefetch_hits": ("counter", "prefetch_hits", "Prefetched shipments imported by their lane."),
+    "atom:prefetch_cancelled": ("counter", "prefetch_cancelled", "Prefetched requests cancelled before import."),
+    "atom:prefetch_failed": ("counter", "prefetch_failed", "Prefetches whose producer failed."),
+    "atom:prefetch_cached_tokens": ("counter", "prefetch_cached_tokens", "Prompt tokens prefetches did not ship."),
+    "atom:prefetch_ready": ("gauge", "prefetch_ready", "1 while a prefetched shipment waits for its lane."),
+    "atom:prefill_requests": ("counter", "prefill_requests", "Prefill requests received (prefill role)."),
+    "atom:prefill_bytes_sent": ("counter", "prefill_bytes_sent", "Frame bytes sent (prefill role)."),
+    "atom:prefill_sends_started": ("counter", "prefill_sends_started", "Frames whose sending began."),
+    "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
+}
+
+
+class _StatsCollector:
+    def __init__(self, stats: Stats, model_name: str) -> None:
+        self.stats, self.model_name = stats, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        values = self.stats()
+        for name, (kind, key, doc) in {**VLLM, **ATOM}.items():
+            if key not in values:
+                continue
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(values[key]))
+            yield family
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, stats: Stats) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(stats, model_name))
+        self.model_name = model_name
+        labels = ["model_name"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to the first token.", labels,
+                              registry=self.registry, buckets=_buckets(0.001, 60.0))
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.", labels,
+                             registry=self.registry, buckets=_buckets(0.0005, 5.0))
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.", labels,
+                             registry=self.registry, buckets=_buckets(0.005, 300.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _buckets(low: float, high: float) -> list[float]:
+    out, b = [], low
+    while b < high:
+        out.append(round(b, 6))
+        b *= 2.5
+    return [*out, high]

@@ -1,0 +1,124 @@
+"""Prefill/decode disaggregation: a standalone server, decode + one prefill worker and decode + two workers give
+the same tokens with the prefix cache on and off; a prefix hit ships fewer bytes; work spreads over workers;
+corrupt and late shipments are refused with a clear 503 and leave nothing held."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.serving.conftest import (
+    MODEL,
+    Proc,
+    assert_no_block_leaked,
+    client,
+    idle,
+    in_process,
+    reference_tokens,
+    scrape,
+    wait_metrics,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SHARED = "Once upon a time, in a land of static shapes and compiled graphs, "
+PROMPTS = [SHARED + "a decoder waited.", SHARED + "a prefill worker hummed.", "short", "x" * 90,
+           SHARED + "a decoder waited. Then it decoded.", "The quick brown fox", SHARED, "Once upon a time"]
+MAX_TOKENS = 12
+
+
+async def complete_all(url: str, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
+    c = client(url)  # closed after the test by conftest._close_clients (closing twice breaks later sockets)
+
+    async def one(p: str) -> list[int]:
+        out = await c.completions.create(model=MODEL, prompt=p, max_tokens=max_tokens, temperature=0,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True})
+        return out.choices[0].token_ids
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def decode_settings(workers: list[Proc], prefix_cache: bool, **extra: object) -> dict:
+    return dict(lanes=2, kv_blocks=5 if prefix_cache else 4, prefix_cache=prefix_cache, local_prefill=False,
+                prefill_workers=",".join(w.address for w in workers), **extra)
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["cache-off", "cache-on"])
+async def test_standalone_decode_one_worker_and_two_workers_give_identical_tokens(
+        prefill_pair: list[Proc], prefix_cache: bool) -> None:
+    expected = reference_tokens(PROMPTS, MAX_TOKENS)
+    async with in_process("standalone", lanes=2, kv_blocks=5 if prefix_cache else 4,
+                          prefix_cache=prefix_cache) as (_s, url):
+        assert await complete_all(url, PROMPTS) == expected
+        assert await complete_all(url, PROMPTS) == expected  # second round: prefix hits when the cache is on
+    for workers in (prefill_pair[:1], prefill_pair):
+        before = [await scrape(w.url) for w in workers]
+        async with in_process("decode", **decode_settings(workers, prefix_cache)) as (server, url):
+            assert await complete_all(url, PROMPTS) == expected
+            assert await complete_all(url, PROMPTS) == expected
+            m = await wait_metrics(url, idle, "idle")
+            assert_no_block_leaked(m)
+            assert m["atom:prefill_tokens_computed_total"] == 0  # remote-only: the decode side never prefills
+            assert m["atom:pd_remote_prefills_total"] == 2 * len(PROMPTS)
+            if prefix_cache:
+                assert m["vllm:prefix_cache_hits_total"] > 0
+        served = [(await scrape(w.url))["atom:prefill_requests_total"] - b["atom:prefill_requests_total"]
+                  for w, b in zip(workers, before, strict=True)]
+        assert sum(served) == 2 * len(PROMPTS) and all(n > 0 for n in served), served  # spread over workers
+
+
+async def test_a_prefix_hit_ships_only_the_uncached_suffix(prefill_pair: list[Proc]) -> None:
+    first, second = SHARED + "alpha", SHARED + "alpha and beta"
+    shipped = {}
+    for prefix_cache in (False, True):
+        async with in_process("decode", **decode_settings(prefill_pair[:1], prefix_cache)) as (_s, url):
+            await complete_all(url, [first])
+            before = await scrape(url)
+            assert await complete_all(url, [second]) == reference_tokens([second], MAX_TOKENS)
+            after = await scrape(url)
+            shipped[prefix_cache] = after["atom:pd_kv_bytes_imported_total"] - before["atom:pd_kv_bytes_imported_total"]
+            tokens = after["atom:pd_remote_prefill_tokens_total"] - before["atom:pd_remote_prefill_tokens_total"]
+            if prefix_cache:
+                # The hit covers the first request's prompt and output tokens that match the second prompt.
+                assert after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"] >= len(first)
+                assert tokens == len(second) - (after["vllm:prefix_cache_hits_total"]
+                                                - before["vllm:prefix_cache_hits_total"])
+            else:
+                assert tokens == len(second)
+    assert shipped[True] < shipped[False] / 3, shipped
+
+
+async def test_a_corrupt_shipment_is_refused_with_503_and_nothing_held(prefill_pair: list[Proc]) -> None:
+    async with in_process("decode", **decode_settings(prefill_pair[:1], True)) as (_s, url):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model=MODEL, prompt="CORRUPT me", max_tokens=4)
+        assert info.value.status_code == 503 and info.value.body["code"] == "prefill_unavailable"
+        assert "checksum mismatch" in info.value.body["message"]
+        m = await wait_metrics(url, idle, "idle")
+        assert_no_block_leaked(m)
+        assert m["vllm:generation_tokens_total"] == 0  # nothing of the corrupt KV was used
+        assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
+
+
+async def test_a_corrupt_shipment_is_retried_on_the_other_worker(prefill_pair: list[Proc]) -> None:
+    # Both workers corrupt CORRUPT prompts: the retry fails too and the error names both attempts.
+    async with in_process("decode", **decode_settings(prefill_pair, False)) as (_s, url):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model=MODEL, prompt="CORRUPT again", max_tokens=4)
+        assert info.value.status_code == 503 and "on 2 worker(s)" in info.value.body["message"]
+        m = await wait_metrics(url, idle, "idle")
+        assert m["atom:pd_fetch_retries_total"] == 1 and m["atom:pd_fetch_failures_total"] == 2
+        assert_no_block_leaked(m)
+
+
+async def test_a_worker_that_does_not_answer_in_time_gives_503_and_frees_everything(
+        prefill_pair: list[Proc]) -> None:
+    settings = decode_settings(prefill_pair[:1], False, pd_response_timeout_seconds=0.5, pd_attempts=1)
+    async with in_process("decode", **settings) as (_s, url):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model=MODEL, prompt="HOLD:never; late", max_tokens=4)
+        assert info.value.status_code == 503 and "timed out" in info.value.body["message"]
+        assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
+        assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)

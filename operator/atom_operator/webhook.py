@@ -19,7 +19,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +127,14 @@ def make_certificates(directory: Path, hosts: Sequence[str]) -> tuple[Path, Path
     return paths
 
 
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this operator serves the admission webhook (``ATOM_WEBHOOK=off`` turns it off)."""
+    return (os.environ if env is None else env).get("ATOM_WEBHOOK", "on") != "off"
+
+
 def server_from_env(env: dict[str, str] | None = None) -> Server | None:
     env = dict(os.environ if env is None else env)
-    if env.get("ATOM_WEBHOOK", "on") == "off":
+    if not enabled(env):
         return None
     addr = env.get("ATOM_WEBHOOK_ADDR", "0.0.0.0")
     host = env.get("ATOM_WEBHOOK_HOST") or (addr if addr != "0.0.0.0" else "127.0.0.1")

@@ -144,6 +144,9 @@ class Cluster:
     workdir: Path | None = None
     nodes: Sequence[FakeNode] = DEFAULT_NODES
     detached: bool = False  # components outlive this process (make cluster-up)
+    # Where the ``kubernetes`` Service points. Loopback suits processes on this host; a real node's pods need an
+    # address they can route to (tests/harness/realnode.py relays it to the loopback listener).
+    advertise_address: str = "127.0.0.1"
     components: list[Component] = field(default_factory=list)
     _own_workdir: bool = False
 
@@ -179,6 +182,7 @@ class Cluster:
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
             "10.96.0.1",
+            self.advertise_address,
         )
         serving = ca.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
         admin = ca.issue("admin", "atom-admin", orgs=("system:masters",), client=True)
@@ -236,7 +240,7 @@ class Cluster:
                 "--bind-address",
                 "127.0.0.1",
                 "--advertise-address",
-                "127.0.0.1",
+                self.advertise_address,
                 "--secure-port",
                 str(api_port),
                 "--tls-cert-file",

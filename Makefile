@@ -45,6 +45,16 @@ bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8)
 bench-operator: venv tools ## 500 AtomDeployments on the harness; writes benchmarks/results/operator.md
 	$(PY) benchmarks/bench_operator.py
 
+HELM = $(shell python3 -m tests.harness.tools path helm)
+
+.PHONY: helm-lint
+helm-lint: tools ## helm lint --strict the chart
+	$(HELM) lint --strict charts/atom-operator
+
+.PHONY: deploy
+deploy: tools ## install or upgrade the operator with helm into atom-system (current KUBECONFIG)
+	$(HELM) upgrade --install atom-operator charts/atom-operator -n atom-system --create-namespace --wait
+
 .PHONY: lint
 lint: venv ## ruff
 	$(PY) -m ruff check .

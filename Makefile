@@ -26,8 +26,9 @@ tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/ato
 	python3 -m tests.harness.tools build
 
 .PHONY: crds
-crds: venv ## regenerate crds/ from the spec models (a test fails when the committed CRD is stale)
+crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from the spec models (tests fail when stale)
 	$(PY) -m atom_engine.api.crd
+	$(PY) -m atom_engine.api.reference
 
 .PHONY: docker-build
 docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)

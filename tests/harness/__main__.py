@@ -1,6 +1,7 @@
 """make cluster-up / cluster-down / demo: the harness for humans.
 
-``up`` starts a cluster whose components outlive this command and records them in a state file;
+``up`` starts a cluster whose components outlive this command and records them in a state file (``--real-node``
+adds the real node ``localhost``, see tests/harness/realnode.py, beside kwok's fake nodes);
 ``down`` stops them and removes the work directory; ``nodes`` prints the nodes with their NPU capacity.
 """
 
@@ -32,12 +33,17 @@ def print_nodes(cluster: Cluster) -> None:
     print(cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}").stdout, end="")
 
 
-def up() -> int:
+def up(real_node: bool = False) -> int:
     state_file = STATE_DIR / "state.json"
     if state_file.exists():
         print(f"a cluster is already up (state in {state_file}); run 'make cluster-down' first", file=sys.stderr)
         return 1
-    cluster = Cluster(workdir=STATE_DIR / "run", detached=True)
+    if real_node:
+        from tests.harness.realnode import RealNodeCluster
+
+        cluster: Cluster = RealNodeCluster(workdir=STATE_DIR / "run", detached=True)
+    else:
+        cluster = Cluster(workdir=STATE_DIR / "run", detached=True)
     try:
         cluster.start()
     except HarnessError as e:
@@ -56,6 +62,10 @@ def down() -> int:
         return 0
     state = json.loads(state_file.read_text())
     kill_pids(state["pids"])
+    if state.get("realnode"):
+        from tests.harness.realnode import NodeResources, teardown
+
+        teardown(NodeResources(**state["realnode"]))
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     print("cluster stopped and removed")
     return 0
@@ -64,8 +74,9 @@ def down() -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.harness", description=__doc__)
     p.add_argument("command", choices=["up", "down"])
+    p.add_argument("--real-node", action="store_true", help="up: add the real node (containerd, kubelet, kube-proxy)")
     args = p.parse_args(argv)
-    return up() if args.command == "up" else down()
+    return up(args.real_node) if args.command == "up" else down()
 
 
 if __name__ == "__main__":

@@ -158,7 +158,8 @@ class RealNodeCluster(Cluster):
         api_port = self.server.rsplit(":", 1)[1]
         comp = self._spawn(
             "nodegw",
-            [sys.executable, "-m", "tests.harness.nodegw", "--listen", res.gateway, "--api-port", api_port,
+            # Run as a script (it needs only the standard library and yaml), so any working directory will do.
+            [sys.executable, Path(__file__).with_name("nodegw.py"), "--listen", res.gateway, "--api-port", api_port,
              "--kubeconfig", self.kubeconfig],
         )
         self._wait(comp, lambda: "nodegw ready" in comp.log.read_text(errors="replace"), deadline)

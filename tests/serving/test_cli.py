@@ -1,0 +1,58 @@
+"""``atom-engine serve``: bad settings stop the process before the model loads, with the rule's message; a good
+config serves the OpenAI API (the sync ``openai`` client against the real process)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from tests.serving.conftest import BASE, ENGINE_BIN, MODEL, reference_tokens, spawn, wait_ready_sync
+
+
+def run_cli(tmp_path: Path, role: str, settings: dict) -> subprocess.CompletedProcess:
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    return subprocess.run([str(ENGINE_BIN), "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1",
+                           "--port", "1"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("role", "settings", "message"),
+    [
+        ("decode", {"lanes": 2, "kvBlocks": 4, "prefetchNext": True, "localPrefill": False,
+                    "prefillWorkers": "p:8000"}, "prefill.prefetchNext needs decode.lanes == 1; got decode.lanes = 2"),
+        ("decode", {"lanes": 1, "kvBlocks": 3, "prefetchNext": True}, "prefill.prefetchNext needs prefill.replicas"),
+        ("decode", {"lanes": 1, "kvBlocks": 3, "prefetchNext": True, "prefillWorkers": "p:8000"},
+         "prefill.prefetchNext needs decode.localPrefill == false; got decode.localPrefill = true"),
+        ("standalone", {"lanes": 4, "kvBlocks": 5, "prefixCache": True}, "decode.kvBlocks must be >= decode.lanes + 2"),
+        ("decode", {"localPrefill": False}, "remote-only prefill needs a prefill worker"),
+        ("standalone", {"lanes": "many"}, "valid integer"),
+    ],
+)
+def test_bad_settings_stop_the_process_before_the_model_loads(tmp_path: Path, role: str, settings: dict,
+                                                               message: str) -> None:
+    done = run_cli(tmp_path, role, settings)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "event=starting" not in done.stderr  # refused before anything was loaded or bound
+
+
+def test_serve_standalone_answers_the_openai_client(tmp_path: Path) -> None:
+    proc = spawn(tmp_path, "standalone", "standalone", {**BASE, "lanes": 2, "kv_blocks": 4})
+    try:
+        wait_ready_sync(proc)
+        with openai.OpenAI(base_url=f"{proc.url}/v1", api_key="none", max_retries=0, timeout=60) as c:
+            out = c.completions.create(model=MODEL, prompt="hello", max_tokens=5, temperature=0,
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+            assert out.choices[0].token_ids == reference_tokens(["hello"], 5)[0]
+            chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=3, temperature=0, stream=True)
+            assert sum(1 for ch in chat if ch.choices and ch.choices[0].finish_reason == "length") == 1
+    finally:
+        proc.proc.terminate()
+        assert proc.proc.wait(30) == 0  # SIGTERM drains and exits cleanly
+    assert "event=request_done" in proc.log.read_text()  # structured logs with request ids

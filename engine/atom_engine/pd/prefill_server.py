@@ -86,7 +86,7 @@ class PrefillService:
                         await asyncio.wait_for(resp.write(bytes(piece[: max(0, stall - sent)])), self.send_timeout)
                         log.warning("event=prefill_send_stalled request_id=%s bytes=%d (fault injection)", rid, stall)
                         await asyncio.sleep(3600)
-                    await asyncio.wait_for(resp.write(bytes(piece)), self.send_timeout)
+                    await asyncio.wait_for(resp.write(piece), self.send_timeout)  # no copy: tensors outlive it
                     sent += piece.nbytes
             await asyncio.wait_for(resp.write_eof(), self.send_timeout)
         except (TimeoutError, ConnectionError) as exc:

@@ -5,7 +5,9 @@ corrupt and late shipments are refused with a clear 503 and leave nothing held."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
@@ -122,3 +124,30 @@ async def test_a_worker_that_does_not_answer_in_time_gives_503_and_frees_everyth
         assert info.value.status_code == 503 and "timed out" in info.value.body["message"]
         assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
+
+
+async def test_a_decoder_that_goes_away_pins_nothing_on_the_prefill_worker(prefill_pair: list[Proc],
+                                                                           hold_dir: Path) -> None:
+    worker = prefill_pair[1]
+    before = await scrape(worker.url)
+    body = {"request_id": "gone-1", "prompt_token_ids": list(b"HOLD:dead-decoder; a prompt"), "start": 0}
+
+    async def dead_decoder() -> None:
+        async with aiohttp.ClientSession() as s, s.post(f"{worker.url}/v1/kv/prefill", json=body) as r:
+            await r.read()
+
+    task = asyncio.create_task(dead_decoder())
+    await wait_metrics(worker.url, lambda m: m["atom:prefill_requests_total"] > before["atom:prefill_requests_total"],
+                       "the worker to take the request")
+    task.cancel()  # the decoder dies while its KV is being produced
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (hold_dir / "dead-decoder").touch()
+    # The worker dropped the work of the dead decoder: nothing computed, no block held, and it serves on.
+    async with in_process("decode", **decode_settings([worker], False)) as (_s, url):
+        assert await complete_all(url, PROMPTS[:1]) == reference_tokens(PROMPTS[:1], MAX_TOKENS)
+    m = await scrape(worker.url)
+    assert m["atom:kv_blocks_lanes"] == 0
+    assert m["atom:prefill_tokens_computed_total"] - before["atom:prefill_tokens_computed_total"] == len(
+        PROMPTS[0])  # only the live request's prompt
+    assert m["atom:prefill_sends_started_total"] - before["atom:prefill_sends_started_total"] == 1

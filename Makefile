@@ -42,6 +42,10 @@ docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from 
 bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md
 	$(PY) benchmarks/bench_engine.py
 
+.PHONY: bench-pd
+bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix cache on/off; writes benchmarks/results/pd.md
+	$(PY) benchmarks/bench_pd.py
+
 .PHONY: bench-operator
 bench-operator: venv tools ## 500 AtomDeployments on the harness; writes benchmarks/results/operator.md
 	$(PY) benchmarks/bench_operator.py

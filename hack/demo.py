@@ -170,6 +170,8 @@ def _local(arg: str, argv: list[str], config: Path, port: int) -> str:
         return str(config)
     if i > 0 and argv[i - 1] == "--port":
         return str(port)
+    if i > 0 and argv[i - 1] == "--metrics-port":
+        return str(free_port())  # the pods' fixed metrics port would clash between two local processes
     return arg
 
 

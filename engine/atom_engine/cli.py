@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="engine settings YAML (camelCase keys)")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="also serve /metrics alone on this port (it is always on --port too)")
     serve.add_argument("--log-level", default="info")
     return p
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from atom_engine.server.app import serve
 
     logging.getLogger("atom_engine").info("event=starting role=%s config=%s", args.role, args.config)
-    asyncio.run(serve(settings, args.role, args.host, args.port))
+    asyncio.run(serve(settings, args.role, args.host, args.port, args.metrics_port))
     return 0
 
 

@@ -99,7 +99,8 @@ def test_decode_pods_request_atom_npus_on_atom_nodes_with_the_users_placement() 
     assert pod["tolerations"] == [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["affinity"] == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert c["command"] == engine_command("decode") == [
-        "atom-engine", "serve", "--role", "decode", "--config", "/etc/atom/engine.yaml", "--port", "8000"
+        "atom-engine", "serve", "--role", "decode", "--config", "/etc/atom/engine.yaml", "--port", "8000",
+        "--metrics-port", "9090",
     ]  # fmt: skip
     assert c["image"] == "example.invalid/atom-engine:test" and c["imagePullPolicy"] == "Never"
     assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 8000), ("metrics", 9090)]

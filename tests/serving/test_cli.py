@@ -56,3 +56,30 @@ def test_serve_standalone_answers_the_openai_client(tmp_path: Path) -> None:
         proc.proc.terminate()
         assert proc.proc.wait(30) == 0  # SIGTERM drains and exits cleanly
     assert "event=request_done" in proc.log.read_text()  # structured logs with request ids
+
+
+def test_metrics_port_serves_the_same_metrics_alone(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    from tests.serving.conftest import free_port
+
+    config = tmp_path / "engine.yaml"
+    config.write_text(yaml.safe_dump({"lanes": 2, "kvBlocks": 4}))
+    port, metrics_port = free_port(), free_port()
+    log = tmp_path / "engine.log"
+    proc = subprocess.Popen([str(ENGINE_BIN), "serve", "--role", "standalone", "--config", str(config), "--host",
+                             "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        from tests.serving.conftest import Proc
+
+        wait_ready_sync(Proc(proc, port, log))
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert "vllm:num_requests_running" in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as err:  # only /metrics lives there
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/v1/models", timeout=10)
+        assert err.value.code == 404
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

@@ -42,14 +42,23 @@ class EngineServer:
     # -- the application --------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_json_errors])
-        app.add_routes([web.get("/health", self.health), web.get("/ready", self.readiness),
-                        web.get("/metrics", self.metrics_route)])
+        app.add_routes(
+            [
+                web.get("/health", self.health),
+                web.get("/ready", self.readiness),
+                web.get("/metrics", self.metrics_route),
+            ]
+        )
         if self.role == "prefill":
             app.add_routes([web.post("/v1/kv/prefill", self._delegate("service", "prefill"))])
         else:
-            app.add_routes([web.post("/v1/completions", self._delegate("routes", "completions")),
-                            web.post("/v1/chat/completions", self._delegate("routes", "chat")),
-                            web.get("/v1/models", self._delegate("routes", "models"))])
+            app.add_routes(
+                [
+                    web.post("/v1/completions", self._delegate("routes", "completions")),
+                    web.post("/v1/chat/completions", self._delegate("routes", "chat")),
+                    web.get("/v1/models", self._delegate("routes", "models")),
+                ]
+            )
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -60,8 +69,9 @@ class EngineServer:
             if target is None:
                 from atom_engine.server.errors import error_response
 
-                return error_response(503, "the engine is still loading; retry when /ready answers 200",
-                                      code="not_ready")
+                return error_response(
+                    503, "the engine is still loading; retry when /ready answers 200", code="not_ready"
+                )
             return await getattr(target, method)(request)
 
         return handler
@@ -90,8 +100,9 @@ class EngineServer:
         worker = await loop.run_in_executor(None, PrefillWorker, self.settings)
         await loop.run_in_executor(None, worker.warm)
         self.worker = worker
-        self.service = PrefillService(worker, send_timeout=self.settings.pd_send_timeout_seconds,
-                                      faults=Faults.from_env())
+        self.service = PrefillService(
+            worker, send_timeout=self.settings.pd_send_timeout_seconds, faults=Faults.from_env()
+        )
 
     async def _load_openai(self, loop: asyncio.AbstractEventLoop) -> None:
         from atom_engine.engine import LLMEngine
@@ -106,9 +117,16 @@ class EngineServer:
 
             assert s.prefill_workers, "settings validation requires prefillWorkers without local prefill"
             self.client = PrefillClient(
-                s.prefill_workers, attempts=s.pd_attempts, resolve_interval=s.pd_resolve_interval_seconds,
-                timeouts=Timeouts(s.pd_connect_timeout_seconds, s.pd_response_timeout_seconds,
-                                  s.pd_read_timeout_seconds, s.pd_total_timeout_seconds))
+                s.prefill_workers,
+                attempts=s.pd_attempts,
+                resolve_interval=s.pd_resolve_interval_seconds,
+                timeouts=Timeouts(
+                    s.pd_connect_timeout_seconds,
+                    s.pd_response_timeout_seconds,
+                    s.pd_read_timeout_seconds,
+                    s.pd_total_timeout_seconds,
+                ),
+            )
             await self.client.start()
             remote = RemotePrefill(self.client, loop)
         engine = await loop.run_in_executor(None, lambda: LLMEngine(s, remote=remote))
@@ -165,16 +183,27 @@ class EngineServer:
             out["requests_rejected"] = self.routes.rejected if self.routes is not None else 0
         if self.client is not None:
             c = self.client.stats
-            out.update(pd_bytes_received=c.bytes_received, pd_transfer_seconds=c.transfer_seconds,
-                       pd_attempts=c.attempts, pd_retries=c.retries, pd_failures=sum(c.failures.values()))
+            out.update(
+                pd_bytes_received=c.bytes_received,
+                pd_transfer_seconds=c.transfer_seconds,
+                pd_attempts=c.attempts,
+                pd_retries=c.retries,
+                pd_failures=sum(c.failures.values()),
+            )
         if self.worker is not None:
             w, sv = self.worker, self.service
             counts = w.kv.counts()
-            out.update(kv_blocks=w.kv.kv_blocks, free_blocks=counts["free"], cached_blocks=counts["cached"],
-                       lane_blocks=counts["lanes"], prefill_tokens_computed=w.counters["prefill_tokens_computed"],
-                       prefill_requests=sv.counters["requests"], prefill_bytes_sent=sv.counters["bytes_sent"],
-                       prefill_sends_started=sv.counters["sends_started"],
-                       prefill_sends_failed=sv.counters["sends_failed"])
+            out.update(
+                kv_blocks=w.kv.kv_blocks,
+                free_blocks=counts["free"],
+                cached_blocks=counts["cached"],
+                lane_blocks=counts["lanes"],
+                prefill_tokens_computed=w.counters["prefill_tokens_computed"],
+                prefill_requests=sv.counters["requests"],
+                prefill_bytes_sent=sv.counters["bytes_sent"],
+                prefill_sends_started=sv.counters["sends_started"],
+                prefill_sends_failed=sv.counters["sends_failed"],
+            )
         return out
 
 
@@ -208,8 +237,9 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-async def start_server(settings: EngineSettings, role: Role, host: str, port: int
-                       ) -> tuple[EngineServer, web.AppRunner, int]:
+async def start_server(
+    settings: EngineSettings, role: Role, host: str, port: int
+) -> tuple[EngineServer, web.AppRunner, int]:
     """Listen on host:port (0: a free port); the model loads in the background (see ``server.ready``)."""
     server = EngineServer(settings, role)
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its request.
@@ -222,13 +252,27 @@ async def start_server(settings: EngineSettings, role: Role, host: str, port: in
     return server, runner, bound
 
 
-async def serve(settings: EngineSettings, role: Role, host: str, port: int) -> None:
+async def start_metrics(server: EngineServer, host: str, port: int) -> web.AppRunner:
+    """A second listener with only /metrics, for the pod's ``metrics`` port (scrapers stay off the API port)."""
+    app = web.Application()
+    app.add_routes([web.get("/metrics", server.metrics_route)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("event=metrics_listening host=%s port=%d", host, runner.addresses[0][1])
+    return runner
+
+
+async def serve(settings: EngineSettings, role: Role, host: str, port: int, metrics_port: int | None = None) -> None:
     """Run until SIGTERM or SIGINT, then drain: stop the engine loop and close the listeners."""
-    _server, runner, _port = await start_server(settings, role, host, port)
+    server, runner, _port = await start_server(settings, role, host, port)
+    metrics = await start_metrics(server, host, metrics_port) if metrics_port else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("event=stopping role=%s", role)
+    if metrics is not None:
+        await metrics.cleanup()
     await runner.cleanup()

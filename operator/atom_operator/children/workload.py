@@ -32,7 +32,18 @@ NPU_NODE_SELECTORS = {
 
 def engine_command(role: Role) -> list[str]:
     """The engine CLI every pod runs; the only place the operator spells it."""
-    return ["atom-engine", "serve", "--role", role, "--config", CONFIG_PATH, "--port", str(HTTP_PORT)]
+    return [
+        "atom-engine",
+        "serve",
+        "--role",
+        role,
+        "--config",
+        CONFIG_PATH,
+        "--port",
+        str(HTTP_PORT),
+        "--metrics-port",
+        str(METRICS_PORT),
+    ]
 
 
 def _resources(owner: Owner, role: Role) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from atom_operator.cache import ChildCache
 from atom_operator.children.meta import APPLIED_HASH, MANAGER
 from atom_operator.kube import Kube
 
@@ -28,24 +29,37 @@ class Change:
         return f"{self.action} {self.kind} {self.name}"
 
 
-async def ensure(kube: Kube, desired: dict[str, Any]) -> Change | None:
-    """Create or update ``desired``; None when the cluster already matches (nothing was written)."""
-    meta = desired["metadata"]
-    current = await kube.get(desired["kind"], meta["namespace"], meta["name"])
+async def ensure(
+    kube: Kube, desired: dict[str, Any], current: dict[str, Any] | None, cache: ChildCache
+) -> Change | None:
+    """Create or update ``desired`` (``current``: as it is, None if missing); None when nothing was written."""
+    kind, meta = desired["kind"], desired["metadata"]
     if current is not None and not needs_write(desired, current):
         return None
-    await kube.apply(desired, MANAGER)
-    return Change("created" if current is None else "changed", desired["kind"], meta["name"])
+    cache.store(kind, await kube.apply(desired, MANAGER))
+    return Change("created" if current is None else "changed", kind, meta["name"])
 
 
-async def remove(kube: Kube, kind: str, namespace: str, name: str, owner_uid: str) -> Change | None:
+async def remove(
+    kube: Kube, cache: ChildCache, kind: str, namespace: str, name: str, current: dict[str, Any] | None, owner_uid: str
+) -> Change | None:
     """Delete a child that should no longer exist, if it is ours (a same-named object of someone else stays)."""
-    current = await kube.get(kind, namespace, name)
     if current is None or not owned_by(current, owner_uid):
         return None
-    if not await kube.delete(kind, namespace, name, uid=current["metadata"]["uid"]):
-        return None
-    return Change("deleted", kind, name)
+    deleted = await kube.delete(kind, namespace, name, uid=current["metadata"]["uid"])
+    cache.forget(kind, namespace, name)
+    return Change("deleted", kind, name) if deleted else None
+
+
+async def current(
+    kube: Kube, cache: ChildCache, kind: str, namespace: str, name: str, *, ask: bool = True
+) -> dict[str, Any] | None:
+    """The child as it is now. The watches keep the cache current; a child it has not seen costs a GET if ``ask``.
+
+    Not asking is safe for a child we want (a forced apply creates or updates alike, so a wrong guess costs one
+    write that changes nothing) and for one we remove (a child of an owner made while we watch is in the cache)."""
+    cached = cache.get(kind, namespace, name)
+    return cached if cached is not None or not ask else await kube.get(kind, namespace, name)
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:

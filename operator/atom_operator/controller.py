@@ -1,8 +1,9 @@
 """The work queue: watch events mark AtomDeployments dirty, a few workers reconcile them one key at a time.
 
 Like controller-runtime: events only enqueue a key (many events coalesce into one reconcile), a key is never
-reconciled by two workers at once, failures retry with backoff. Caches of child Deployments and pods are kept
-from kopf's watches, so status never polls.
+reconciled by two workers at once, failures retry with backoff. Caches of the children and pods are kept from
+kopf's watches, so status never polls and a reconcile reads children from memory; the echo of our own write
+enqueues nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import kopf
 
 from atom_operator import metrics
+from atom_operator.cache import ChildCache
 from atom_operator.children import Defaults
 from atom_operator.children.meta import APPLIED_HASH, DEPLOYMENT_LABEL
 from atom_operator.kube import ApiError, Kube
@@ -34,13 +36,18 @@ def _rv(body: dict[str, Any]) -> int:
 
 
 class Controller:
-    def __init__(self, kube: Kube, defaults: Defaults, workers: int = 4) -> None:
+    def __init__(self, kube: Kube, defaults: Defaults, workers: int = 16) -> None:
         self.kube, self.defaults = kube, defaults
+        self.children = ChildCache()
         self.owners: dict[Key, dict[str, Any]] = {}
         self.observed: dict[Key, Observed] = {}
         self._pending: dict[Key, bool] = {}  # key -> whether children must be converged (not only status)
         self._running: set[Key] = set()
         self._failures: dict[Key, int] = {}
+        # Owners created while we watch: a child of theirs missing from the cache was never made (we would have
+        # its write's answer), so nobody asks the API server about it. After a start-up listing the cache may be
+        # behind the watches, so there a missing child is looked up.
+        self._born_watched: set[Key] = set()
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._workers = [asyncio.create_task(self._work(), name=f"reconcile-{i}") for i in range(workers)]
 
@@ -60,12 +67,15 @@ class Controller:
             self.owners.pop(key, None)
             self.observed.pop(key, None)
             self._failures.pop(key, None)
+            self._born_watched.discard(key)
             metrics.OBJECTS.set(len(self.owners))
             return
         old = self.owners.get(key)
         if old is not None and _rv(old) > _rv(body):
             return  # our own status patch already stored something newer
         self.owners[key] = body
+        if event == "ADDED":
+            self._born_watched.add(key)
         metrics.OBJECTS.set(len(self.owners))
         meta, old_meta = body["metadata"], (old or {}).get("metadata", {})
         # A listing (event None: start-up or a re-list) is a resync; otherwise only spec changes need children.
@@ -77,6 +87,10 @@ class Controller:
         if key is None:
             return
         name = body["metadata"]["name"]
+        known = self.children.get("Deployment", key[0], name)
+        if known is not None and _rv(known) > _rv(body):
+            return  # a late event: the answer to our own write already showed something newer
+        news = self.children.seen("Deployment", event, body)
         deployments = self.observed.setdefault(key, Observed()).deployments
         old = deployments.pop(name, None)
         if event == "DELETED":
@@ -93,14 +107,15 @@ class Controller:
             "status": body.get("status") or {},
         }
         deployments[name] = slim
-        # A new generation means the spec changed, by us or by hand: converge; status moves only need status.
-        touched = old is None or old["metadata"] != slim["metadata"]
+        # A new generation means the spec changed, by hand or by us; the echo of our own write (no news) and status
+        # moves only need status.
+        touched = news and (old is None or old["metadata"] != slim["metadata"])
         self.enqueue(key, children=touched or event is None)
 
     def observe_child(self, event: str | None, body: dict[str, Any]) -> None:
-        """ConfigMaps and Services: any change might be a hand edit or deletion to undo."""
+        """ConfigMaps and Services: any change but our own write's echo might be a hand edit or deletion to undo."""
         key = self._owner_key(body)
-        if key is not None:
+        if key is not None and self.children.seen(body["kind"], event, body):
             self.enqueue(key)
 
     def observe_pod(self, event: str | None, body: dict[str, Any]) -> None:
@@ -164,7 +179,13 @@ class Controller:
         started = time.monotonic()
         try:
             outcome = await reconcile(
-                self.kube, body, self.observed.setdefault(key, Observed()), self.defaults, children_too=children
+                self.kube,
+                body,
+                self.observed.setdefault(key, Observed()),
+                self.defaults,
+                self.children,
+                children_too=children,
+                cache_is_complete=key in self._born_watched,
             )
         except kopf.TemporaryError as e:
             metrics.RECONCILES.labels("retry").inc()

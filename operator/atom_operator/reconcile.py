@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +13,7 @@ from atom_engine.api import AtomDeployment
 from pydantic import ValidationError
 
 from atom_operator import apply, events, status
+from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, workload_name
 from atom_operator.kube import ApiError, Kube
@@ -48,14 +51,26 @@ def owner_of(body: dict[str, Any]) -> Owner | None:
 
 
 async def reconcile(
-    kube: Kube, body: dict[str, Any], observed: Observed, defaults: Defaults, *, children_too: bool = True
+    kube: Kube,
+    body: dict[str, Any],
+    observed: Observed,
+    defaults: Defaults,
+    cache: ChildCache | None = None,
+    *,
+    children_too: bool = True,
+    cache_is_complete: bool = False,
 ) -> Outcome:
-    """Make the children match ``body`` (unless only status is asked for) and write status if it changed."""
+    """Make the children match ``body`` (unless only status is asked for) and write status if it changed.
+
+    ``cache``: the children as the watches saw them (without one, every child is read from the API server);
+    ``cache_is_complete``: a child missing from it does not exist."""
+    if cache is None:
+        cache, cache_is_complete = ChildCache(), False
     owner = owner_of(body)
     if owner is None:
         return Outcome([], None)
     wanted = build_children(owner, defaults)
-    changes = await converge(kube, body, owner, wanted) if children_too else []
+    changes = await converge(kube, body, owner, wanted, cache, cache_is_complete) if children_too else []
     hashes: dict[Role, str] = {}
     deployments: dict[Role, dict[str, Any] | None] = {}
     for role in ROLES:
@@ -84,18 +99,45 @@ async def reconcile(
     return Outcome(changes, written)
 
 
-async def converge(kube: Kube, body: dict[str, Any], owner: Owner, wanted: Children) -> list[apply.Change]:
-    changes = []
-    for child in wanted.desired:
-        change = await apply.ensure(kube, child)
-        if change:
-            changes.append(change)
-            await events.post(kube, body, change, now())
-    for kind, name in wanted.absent:
-        change = await apply.remove(kube, kind, owner.namespace, name, owner.uid)
-        if change:
-            changes.append(change)
-            await events.post(kube, body, change, now())
+async def converge(
+    kube: Kube, body: dict[str, Any], owner: Owner, wanted: Children, cache: ChildCache, cache_is_complete: bool
+) -> list[apply.Change]:
+    """Children in two rounds, each written concurrently: the ConfigMaps (pods read them at start) and the Services,
+    then the Deployments and the removals. What each child is now comes from the watch cache; those it has not
+    seen are read with GETs sent together up front, unless ``cache_is_complete``. A child's Event is posted as
+    soon as it is written and holds up nothing but the end of the reconcile."""
+    ns = owner.namespace
+    first = [c for c in wanted.desired if c["kind"] != "Deployment"]
+    then = [c for c in wanted.desired if c["kind"] == "Deployment"]
+    refs = [(c["kind"], c["metadata"]["name"]) for c in wanted.desired] + wanted.absent
+    found = await asyncio.gather(*(apply.current(kube, cache, k, ns, n, ask=not cache_is_complete) for k, n in refs))
+    now_ = dict(zip(refs, found, strict=True))
+    changes: list[apply.Change] = []
+    posting: list[asyncio.Task[None]] = []
+
+    async def write_all(writes: list[Awaitable[apply.Change | None]]) -> None:
+        # Every write of the round finishes, and those that went out are recorded with their Events, before the
+        # first failure (if any) is raised and the reconcile retried.
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for r in results:
+            if isinstance(r, apply.Change):
+                changes.append(r)
+                posting.append(asyncio.create_task(events.post(kube, body, r, now())))
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    def ensure(child: dict[str, Any]) -> Awaitable[apply.Change | None]:
+        return apply.ensure(kube, child, now_[child["kind"], child["metadata"]["name"]], cache)
+
+    try:
+        await write_all([ensure(c) for c in first])
+        await write_all(
+            [ensure(c) for c in then]
+            + [apply.remove(kube, cache, kind, ns, name, now_[kind, name], owner.uid) for kind, name in wanted.absent]
+        )
+    finally:
+        await asyncio.gather(*posting)  # events.post never raises
     return changes
 
 

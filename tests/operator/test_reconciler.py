@@ -210,7 +210,7 @@ def test_deleting_the_atomdeployment_garbage_collects_every_child(cluster, op, n
     wait_for(lambda: not cluster.get("pods,replicasets", "-n", namespace)["items"], "pods and ReplicaSets gone")
 
 
-# Writes of a PD create: ConfigMaps, Services, Deployments, each followed by its Event, then status.
+# Writes of a PD create: ConfigMaps and Services, then Deployments, an Event for each as it is written, then status.
 @pytest.mark.parametrize("crash_after_write", [1, 4, 7, 9, 11, 13])
 def test_operator_killed_in_the_middle_of_a_create_converges(
     cluster, op: OperatorProcess, namespace, crash_after_write

@@ -1,0 +1,56 @@
+"""The children as the watches and our own writes last showed them, so a reconcile reads no child from the API.
+
+Filled from kopf's watch events (ConfigMaps, Services, Deployments carrying our label) and from the answers to our
+own writes, which are newer than the watch event that echoes them. Every entry remembers its resourceVersion, so
+an event that arrives late never replaces something newer. A child missing here is not known to be absent (the
+watch may not have listed it yet after a start), so the reconciler asks the API server then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Ref = tuple[str, str, str]  # (kind, namespace, name)
+
+
+def resource_version(body: dict[str, Any]) -> int:
+    try:
+        return int(body["metadata"].get("resourceVersion", 0))
+    except ValueError:  # opaque by contract; etcd's are integers
+        return 0
+
+
+def ref_of(kind: str, body: dict[str, Any]) -> Ref:
+    return kind, body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+class ChildCache:
+    def __init__(self) -> None:
+        self._objects: dict[Ref, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._objects.get((kind, namespace, name))
+
+    def seen(self, kind: str, event: str | None, body: dict[str, Any]) -> bool:
+        """Take a watch event; False when it tells nothing new (our own write's echo, or older than what we have)."""
+        ref = ref_of(kind, body)
+        old = self._objects.get(ref)
+        if old is not None and resource_version(old) >= resource_version(body):
+            return False
+        if event == "DELETED":
+            self._objects.pop(ref, None)
+            return True
+        self.store(kind, body)
+        return True
+
+    def store(self, kind: str, body: dict[str, Any]) -> None:
+        """Keep ``body`` (an answer to our write or a watch event) without what no write decision reads: the
+        managedFields and the status (the controller keeps the few status fields it reports on)."""
+        meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+        self._objects[ref_of(kind, body)] = {**{k: v for k, v in body.items() if k != "status"}, "metadata": meta}
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        self._objects.pop((kind, namespace, name), None)

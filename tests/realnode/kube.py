@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from tests.harness.cluster import Cluster
+from tests.harness.containerd import ContainerdError
 
 T = TypeVar("T")
 
@@ -22,7 +23,8 @@ def wait_for(probe: Callable[[], T], timeout: float, what: str, cluster: Cluster
     while time.monotonic() < deadline:
         try:
             last = probe()
-        except (subprocess.CalledProcessError, OSError) as e:
+        # Transient: a container listed a moment ago may be gone when asked about it; the next poll decides.
+        except (subprocess.CalledProcessError, OSError, ContainerdError) as e:
             last = e
         else:
             if last:

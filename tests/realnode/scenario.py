@@ -1,0 +1,203 @@
+"""The serving scenario, step by step, for any cluster where pods really run (the real node here, kind elsewhere).
+
+A step takes a :class:`~tests.harness.cluster.Cluster`-like object (``kubectl``, ``apply``, ``get``,
+``kubectl_path``, ``kubeconfig``) and the namespace; nothing here knows how the cluster or its images came to be,
+so the kind path calls the same steps after ``kind load`` instead of the containerd import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.harness import tools
+from tests.harness.cluster import Cluster
+from tests.realnode.kube import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "atom-operator"
+RELEASE = "atom-operator"
+OPERATOR_NAMESPACE = "atom-system"
+HTTP_PORT = 8000
+ROLE_LABEL = "app.kubernetes.io/component"
+GROUP = "atomdeployments.serving.atom.dev"
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    repo, _, tag = ref.rpartition(":")
+    return repo, tag
+
+
+def helm_install(cluster: Cluster, operator_ref: str, engine_ref: str, timeout: str = "300s") -> None:
+    """``helm install`` the chart with the given images; pods never pull (the images are on the node already)."""
+    op_repo, op_tag = split_ref(operator_ref)
+    eng_repo, eng_tag = split_ref(engine_ref)
+    cmd = [
+        str(tools.path("helm")), "install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
+        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", timeout,
+        "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}", "--set", "image.pullPolicy=Never",
+        "--set", f"engine.image.repository={eng_repo}", "--set", f"engine.image.tag={eng_tag}",
+        "--set", "engine.image.pullPolicy=Never",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        pods = cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False).stdout
+        logs = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=atom-operator",
+                               "--tail", "40", check=False)
+        raise AssertionError(f"helm install failed: {out.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
+
+
+def helm_uninstall(cluster: Cluster) -> None:
+    subprocess.run([str(tools.path("helm")), "uninstall", RELEASE, "--kubeconfig", str(cluster.kubeconfig),
+                    "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s"], capture_output=True, timeout=180)
+    cluster.kubectl("delete", "namespace", OPERATOR_NAMESPACE, "--wait=false", check=False)
+
+
+def atomdeployment(name: str, *, decode_replicas: int = 1, lanes: int = 4) -> dict:
+    """Decode + prefill on the cpu backend with builtin:tiny, each pod taking one ATOM as an NPU model would."""
+    npu = {"limits": {"rebellions.ai/ATOM": "1"}}
+    selector = {"rebellions.ai/npu.present": "true"}
+    return {
+        "apiVersion": "serving.atom.dev/v1alpha1",
+        "kind": "AtomDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"source": "builtin:tiny", "maxSeqLen": 512},
+            "decode": {"replicas": decode_replicas, "backend": "cpu", "npusPerReplica": 0, "lanes": lanes,
+                       "kvBlocks": lanes + 2, "prefixCache": True, "localPrefill": False, "resources": npu,
+                       "nodeSelector": selector},
+            "prefill": {"replicas": 1, "backend": "cpu", "npusPerReplica": 0, "resources": npu,
+                        "nodeSelector": selector},
+        },
+    }
+
+
+def owner_status(cluster: Cluster, namespace: str, name: str) -> dict:
+    return cluster.get(GROUP, name, "-n", namespace)
+
+
+def wait_ready(cluster: Cluster, namespace: str, name: str, timeout: float = 600, what: str = "READY") -> dict:
+    """Until the AtomDeployment's Ready condition is True for its current generation (the real probes passed)."""
+
+    def ready() -> dict | None:
+        obj = owner_status(cluster, namespace, name)
+        status = obj.get("status") or {}
+        cond = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+        current = status.get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if current and cond and cond["status"] == "True" else None
+
+    def explain() -> str:
+        pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+        return f"{pods}\n{events[-3000:]}"
+
+    try:
+        return wait_for(ready, timeout, f"AtomDeployment {namespace}/{name} {what}", cluster)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{explain()}") from None
+
+
+def pods(cluster: Cluster, namespace: str, name: str, role: str | None = None) -> list[dict]:
+    selector = f"app.kubernetes.io/instance={name}" + (f",{ROLE_LABEL}={role}" if role else "")
+    return cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+
+
+def running_pods(cluster: Cluster, namespace: str, name: str, role: str) -> list[dict]:
+    return [p for p in pods(cluster, namespace, name, role) if not p["metadata"].get("deletionTimestamp")]
+
+
+def metrics(pod: dict) -> dict[str, float]:
+    """The pod's /metrics, fetched from its address (a pod IP in a namespace the test made)."""
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{HTTP_PORT}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+(\S+)$", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+# A client inside the cluster: through the Service's DNS name and ClusterIP (kube-proxy), one fresh connection per
+# request, until /tmp/stop exists; one line per request.
+LOOP = r"""
+import json, os, sys, time, urllib.request
+url = sys.argv[1]
+body = json.dumps({"model": sys.argv[2], "max_tokens": 4,
+                   "messages": [{"role": "user", "content": "roll"}]}).encode()
+while not os.path.exists("/tmp/stop"):
+    try:
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.load(r)
+        print("ok", out["usage"]["completion_tokens"], flush=True)
+    except Exception as e:
+        detail = e.read().decode(errors="replace") if hasattr(e, "read") else ""
+        print("fail", time.time(), type(e).__name__, (str(e) + " " + detail).replace("\n", " ")[:300], flush=True)
+    time.sleep(0.2)
+print("done", flush=True)
+"""
+
+
+@dataclass
+class LoopingClient:
+    """``kubectl exec`` of LOOP in a client pod; ``results`` collects its lines as they come."""
+
+    cluster: Cluster
+    namespace: str
+    pod: str
+    url: str
+    model: str
+    results: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[LoopingClient]:
+        import threading
+
+        self.cluster.kubectl("exec", "-n", self.namespace, self.pod, "--", "rm", "-f", "/tmp/stop")
+        cmd = [str(self.cluster.kubectl_path), "--kubeconfig", str(self.cluster.kubeconfig), "exec", "-n",
+               self.namespace, self.pod, "--", "python3", "-c", LOOP, self.url, self.model]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: self.results.extend(line.strip() for line in proc.stdout),
+                                  daemon=True)
+        reader.start()
+        try:
+            yield self
+        finally:
+            self.cluster.kubectl("exec", "-n", self.namespace, self.pod, "--", "touch", "/tmp/stop", check=False)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            reader.join(10)
+
+    def oks(self) -> int:
+        return sum(1 for r in self.results if r.startswith("ok"))
+
+    def failures(self) -> list[str]:
+        return [r for r in self.results if not r.startswith(("ok", "done"))]
+
+
+def client_pod(image: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "client", "labels": {"app": "client"}},
+        "spec": {
+            "containers": [{"name": "client", "image": image, "imagePullPolicy": "IfNotPresent",
+                            "command": ["python3", "-c", "import time\nwhile True: time.sleep(3600)"]}],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+
+
+def patch_spec(cluster: Cluster, namespace: str, name: str, spec: dict) -> None:
+    cluster.kubectl("patch", GROUP, name, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": spec}))

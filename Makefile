@@ -14,8 +14,12 @@ demo: venv tools ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: venv tools ## create/update .venv, build or reuse the pinned tools, run the whole test suite
+test: prereqs venv tools ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: prereqs
+prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine
+	@bash hack/prereqs.sh
 
 .PHONY: venv
 venv: ## .venv with the locked dependencies (cached outside the repo, keyed by requirements/dev.lock)
@@ -72,8 +76,8 @@ lock: ## regenerate requirements/dev.lock from requirements/dev.in in a clean th
 	  /tmp/atom-lock-venv/bin/pip freeze --all | grep -v '^pip==' | sort -f; } > requirements/dev.lock
 
 .PHONY: cluster-up
-cluster-up: venv tools ## start the local control plane in the background (KUBECONFIG is printed)
-	$(PY) -m tests.harness up
+cluster-up: venv tools ## start the local control plane in the background (REAL_NODE=1 adds a real kubelet node)
+	$(PY) -m tests.harness up $(if $(REAL_NODE),--real-node)
 
 .PHONY: cluster-down
 cluster-down: venv ## stop it and remove its files

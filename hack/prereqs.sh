@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, once per machine (a no-op when they are there).
+#   docker.io                      dockerd, containerd and runc: image builds and the real node's runtime
+#   debootstrap                    the local base image (no image can be pulled here)
+#   containernetworking-plugins    bridge/host-local/portmap/loopback CNI plugins for the real node
+#   nftables iptables              kube-proxy (nftables mode) and the bridge's FORWARD rules
+#   gcc libc6-dev                  the static pause image
+set -euo pipefail
+packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "prereqs: missing ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "prereqs: installing ${missing[*]}"
+apt-get update -q
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

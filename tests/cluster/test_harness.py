@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
 from tests.harness import tools
 from tests.harness.cluster import Cluster, FakeNode, _alive
+from tests.harness.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -38,17 +38,6 @@ def deployment(name: str, namespace: str, atom: int, replicas: int = 1) -> dict:
             },
         },
     }
-
-
-def wait_for(predicate, timeout: float = 60, interval: float = 0.3, what: str = "condition"):
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
 
 
 def test_nodes_advertise_npus_with_labels(cluster: Cluster) -> None:

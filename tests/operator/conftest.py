@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,17 +20,6 @@ SMALL = FakeNode("atom-small-0", {**atom_node("x").labels, SMALL_POOL: "small"},
 def op(cluster, operator_process) -> OperatorProcess:
     cluster.add_nodes([*NODES, SMALL])
     return operator_process
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120, interval: float = 0.5) -> Any:
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
 
 
 def atomdeployment(name: str, namespace: str, **spec: Any) -> dict:

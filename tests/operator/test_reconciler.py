@@ -11,7 +11,8 @@ from atom_engine.api import AtomDeploymentSpec
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import CONFIG_HASH
 
-from tests.operator.conftest import SMALL_POOL, atomdeployment, wait_for
+from tests.harness.wait import wait_for
+from tests.operator.conftest import SMALL_POOL, atomdeployment
 from tests.operator.process import OperatorProcess
 
 pytestmark = pytest.mark.cluster

@@ -102,13 +102,16 @@ async def reconcile(
 async def converge(
     kube: Kube, body: dict[str, Any], owner: Owner, wanted: Children, cache: ChildCache, cache_is_complete: bool
 ) -> list[apply.Change]:
-    """Children in two rounds, each written concurrently: the ConfigMaps (pods read them at start) and the Services,
-    then the Deployments and the removals. What each child is now comes from the watch cache; those it has not
-    seen are read with GETs sent together up front, unless ``cache_is_complete``. A child's Event is posted as
-    soon as it is written and holds up nothing but the end of the reconcile."""
+    """Services on their own, and beside them the ConfigMaps, then the Deployments (their pods read the settings at
+    start) and the removals; each round concurrent. A Service does not hold up the pods: creating one allocates
+    its cluster IP, the slowest write of all (p50 1.8 s in the 500-object benchmark). What each child is now
+    comes from the watch cache; those it has not seen are read with GETs sent together up front, unless
+    ``cache_is_complete``. A child's Event is posted as soon as it is written and holds up nothing but the end
+    of the reconcile."""
     ns = owner.namespace
-    first = [c for c in wanted.desired if c["kind"] != "Deployment"]
-    then = [c for c in wanted.desired if c["kind"] == "Deployment"]
+    services = [c for c in wanted.desired if c["kind"] == "Service"]
+    configs = [c for c in wanted.desired if c["kind"] == "ConfigMap"]
+    workloads = [c for c in wanted.desired if c["kind"] not in ("Service", "ConfigMap")]
     refs = [(c["kind"], c["metadata"]["name"]) for c in wanted.desired] + wanted.absent
     found = await asyncio.gather(*(apply.current(kube, cache, k, ns, n, ask=not cache_is_complete) for k, n in refs))
     now_ = dict(zip(refs, found, strict=True))
@@ -130,12 +133,20 @@ async def converge(
     def ensure(child: dict[str, Any]) -> Awaitable[apply.Change | None]:
         return apply.ensure(kube, child, now_[child["kind"], child["metadata"]["name"]], cache)
 
-    try:
-        await write_all([ensure(c) for c in first])
+    async def configs_then_workloads() -> None:
+        await write_all([ensure(c) for c in configs])
         await write_all(
-            [ensure(c) for c in then]
+            [ensure(c) for c in workloads]
             + [apply.remove(kube, cache, kind, ns, name, now_[kind, name], owner.uid) for kind, name in wanted.absent]
         )
+
+    try:
+        failed = await asyncio.gather(
+            write_all([ensure(c) for c in services]), configs_then_workloads(), return_exceptions=True
+        )
+        for r in failed:
+            if isinstance(r, BaseException):
+                raise r
     finally:
         await asyncio.gather(*posting)  # events.post never raises
     return changes

@@ -309,6 +309,12 @@ class Cluster:
                 # Garbage collection and workload controllers react at once; nodes are kwok's to keep alive.
                 "--concurrent-gc-syncs",
                 "20",
+                # Far above the default client throttle (20 QPS): with hundreds of objects (make bench-operator)
+                # the controllers should be limited by the API server, not by their own rate limiter.
+                "--kube-api-qps",
+                "200",
+                "--kube-api-burst",
+                "400",
             ],
         )
         self._spawn(
@@ -324,6 +330,10 @@ class Cluster:
                 "--secure-port",
                 str(free_port()),
                 *common,
+                "--kube-api-qps",  # as for the controller-manager (deprecated flag, still honoured without --config)
+                "200",
+                "--kube-api-burst",
+                "400",
             ],
         )
         self._spawn(

@@ -185,8 +185,9 @@ def main() -> int:
         to_ready = [watch.ready[k] - created[k] for k in watch.ready if k in created]
         to_children = [last_child[k] - created[k] for k in last_child if k in created]
         children_to_ready = [watch.ready[k] - last_child[k] for k in watch.ready if k in last_child]
-        # The Kubernetes side of Ready: the deployment controller's writes, which its client limits to 20/s by
-        # default (kube-controller-manager --kube-api-qps); its busiest 10 s shows whether it ran at that cap.
+        # The Kubernetes side of Ready: the deployment controller's writes. Its client throttle (kube-controller-
+        # manager --kube-api-qps, 20/s by default, 200/s in the harness) capped all-Ready when it was the default;
+        # the busiest 10 s shows whether it ran at a cap.
         dc = [
             ts(w["requestReceivedTimestamp"])
             for w in writes

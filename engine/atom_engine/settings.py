@@ -48,6 +48,19 @@ class EngineSettings(BaseModel):
     pd_total_timeout_seconds: float = Field(120.0, gt=0, description="One attempt on one worker, all in.")
     pd_attempts: int = Field(2, ge=1, le=8, description="Workers tried per shipment (a retry goes to another).")
     pd_resolve_interval_seconds: float = Field(5.0, gt=0, description="How often prefillWorkers is re-resolved.")
+    pd_unavailable_wait_seconds: float = Field(
+        30.0, ge=0,
+        description="While no prefill worker answers (none resolved, connections refused or closed before an answer,"
+        " as during a rollout or a restart), keep retrying with short backoff for up to this long, then 503.",
+    )
+    drain_seconds: float = Field(
+        5.0, ge=0,
+        description="On SIGTERM: /ready answers 503 but requests are still served for this long, so endpoints and"
+        " proxies stop routing here before the listeners close.",
+    )
+    finish_seconds: float = Field(
+        15.0, ge=0, description="After the drain: how long in-flight requests may still take before they are cut."
+    )
     pd_send_timeout_seconds: float = Field(
         30.0, gt=0, description="Prefill side: one write to a decoder; a decoder that stops reading is dropped."
     )

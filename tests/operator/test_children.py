@@ -168,18 +168,51 @@ def test_the_service_selects_decode_pods_with_the_specs_type_and_port() -> None:
     assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "decode"
 
 
-def test_a_settings_change_changes_both_roles_config_hashes() -> None:
-    def hashes(lanes: int) -> list[str]:
-        spec = {**PD, "decode": {**PD["decode"], "lanes": lanes, "kvBlocks": 9}, "prefill": {**PD["prefill"]}}
-        spec["prefill"]["prefetchNext"] = lanes == 1
-        kids = by_kind(owner(**spec))
-        return [
-            kids[("Deployment", f"llm-{r}")]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
-            for r in ("decode", "prefill")
-        ]
+def config_hashes(spec: dict) -> dict[str, str]:
+    kids = by_kind(owner(**spec))
+    return {r: kids[("Deployment", f"llm-{r}")]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+            for r in ("decode", "prefill")}
 
-    one, two = hashes(1), hashes(2)
-    assert one[0] != two[0] and one[1] != two[1]
+
+def test_a_decode_only_change_rolls_decode_and_not_prefill() -> None:
+    # lanes and kvBlocks shape decode's graphs and cache only; the prefill pods must keep serving unchanged.
+    before = config_hashes({**PD, "decode": {**PD["decode"], "lanes": 2, "kvBlocks": 4}, "prefill": {
+        **PD["prefill"], "prefetchNext": False}})
+    after = config_hashes({**PD, "decode": {**PD["decode"], "lanes": 4, "kvBlocks": 8}, "prefill": {
+        **PD["prefill"], "prefetchNext": False}})
+    assert before["decode"] != after["decode"]
+    assert before["prefill"] == after["prefill"]
+
+
+def test_prefill_pods_compile_one_lane_and_one_block_beside_scratch() -> None:
+    kids = by_kind(owner(**{**PD, "decode": {**PD["decode"], "lanes": 1, "kvBlocks": 9}}))
+    prefill = EngineSettings.model_validate(yaml.safe_load(kids[("ConfigMap", "llm-prefill-config")]["data"][
+        "engine.yaml"]))
+    assert (prefill.lanes, prefill.kv_blocks, prefill.prefix_cache) == (1, 2, False)
+
+
+def test_a_shared_change_rolls_both_roles() -> None:
+    longer = {**PD, "model": {"source": "builtin:tiny", "maxSeqLen": 1024}}
+    before, after = config_hashes(PD), config_hashes(longer)
+    assert before["decode"] != after["decode"] and before["prefill"] != after["prefill"]
+
+
+def test_a_single_replica_role_surges_and_a_larger_one_replaces_in_place() -> None:
+    kids = by_kind(owner(**PD))  # decode 2 replicas, prefill 1
+    decode = kids[("Deployment", "llm-decode")]["spec"]["strategy"]
+    prefill = kids[("Deployment", "llm-prefill")]["spec"]["strategy"]
+    # One prefill pod: the new one comes up beside it, so some worker answers throughout the rollout.
+    assert prefill == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # Two decode pods on full NPU nodes: one at a time in place; the other serves meanwhile.
+    assert decode == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    one = by_kind(owner(**{**PD, "decode": {**PD["decode"], "replicas": 1}}))[("Deployment", "llm-decode")]
+    assert one["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_the_grace_period_covers_the_engines_drain_and_finish() -> None:
+    pod = by_kind(owner(**PD))[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
+    defaults = EngineSettings()
+    assert pod["terminationGracePeriodSeconds"] > defaults.drain_seconds + defaults.finish_seconds
 
 
 def test_building_is_deterministic() -> None:

@@ -102,10 +102,11 @@ class Proc:
             self.proc.wait(10)
 
 
-def spawn(tmp: Path, name: str, role: str, settings: dict, env: dict[str, str] | None = None) -> Proc:
+def spawn(tmp: Path, name: str, role: str, settings: dict, env: dict[str, str] | None = None,
+          port: int | None = None) -> Proc:
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump({_camel(k): v for k, v in settings.items()}))
-    port = free_port()
+    port = port or free_port()
     log = tmp / f"{name}.log"
     proc = subprocess.Popen(
         [str(ENGINE_BIN), "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1", "--port",

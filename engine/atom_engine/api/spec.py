@@ -196,6 +196,12 @@ def npu_demand(spec: AtomDeploymentSpec) -> dict[str, int]:
     return demand
 
 
+# What a prefill worker compiles: one lane (its decode graph is never run) and one block beside the scratch block
+# (PrefillWorker.compute holds one block at a time, under its lock; prefill workers run without a prefix cache).
+PREFILL_LANES = 1
+PREFILL_KV_BLOCKS = 2
+
+
 def engine_settings(
     spec: AtomDeploymentSpec, role: Role, *, name: str, prefill_workers: str | None = None
 ) -> EngineSettings:
@@ -214,9 +220,11 @@ def engine_settings(
         model_source=spec.model.source,
         max_seq_len=spec.model.max_seq_len,
         backend=spec.decode.backend if decode else spec.prefill.backend,
-        # Prefill workers compile the same shapes as decode so the KV they ship fits decode's blocks.
-        lanes=spec.decode.lanes,
-        kv_blocks=spec.decode.kv_blocks,
+        # A prefill worker never decodes and computes one prompt at a time into one block (plus the scratch
+        # block); what it ships is shaped by the model and the prompt, not by decode's lanes or kvBlocks. Fixed
+        # values keep decode-only changes (lanes, kvBlocks) from rolling the prefill pods too, and use less memory.
+        lanes=spec.decode.lanes if decode else PREFILL_LANES,
+        kv_blocks=spec.decode.kv_blocks if decode else PREFILL_KV_BLOCKS,
         prefix_cache=spec.decode.prefix_cache if decode else False,
         local_prefill=spec.decode.local_prefill if decode else True,
         prefetch_next=spec.prefill.prefetch_next if decode else False,

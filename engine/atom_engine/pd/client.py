@@ -5,11 +5,16 @@ them separated by commas. Names are re-resolved every ``resolve_interval`` secon
 workers that come and go are followed. Each fetch goes to the worker with the fewest fetches in flight (ties
 rotate); a worker that failed is avoided for ``cooldown`` seconds.
 
-Fault policy: a failed attempt (connection refused or reset, a timeout, a truncated or corrupt frame, a 5xx)
-is retried once on *another* worker, and the request fails with :class:`PrefillUnavailable` (HTTP 503) when
-no other worker is known or the retry fails too. Retrying is safe because a prefill has no side effect on the
-decode side (nothing is imported before the whole frame has been checked) and it is what a client would do
-anyway; it is bounded to one other worker so a sick pool turns into fast, clear 503s rather than a pile-up.
+Fault policy: a worker that answers and fails (a 5xx other than 503, a timeout after connecting, a truncated
+or corrupt frame) is not asked again for that request; the request moves on to another worker and fails with
+:class:`PrefillUnavailable` (HTTP 503) after ``attempts`` such failures or when every known worker failed it.
+A worker that does not answer at all (no address resolves; the connection is refused, times out or is closed
+before any response; or it answers 503 because it is still loading or draining) is the normal state of a
+rollout or a restart, where endpoints lag the pods by seconds. Then the request tries the other known workers
+and, when none answers, re-resolves and retries with a short backoff until ``unavailable_wait`` seconds have
+passed, then fails with a 503. Retrying is safe because a prefill has no side effect on the decode side
+(nothing is imported before the whole frame has been checked); the bounds keep a sick or absent pool a clear
+503 rather than an endless wait.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ class PrefillUnavailable(RuntimeError):
 
 
 class WorkerFailed(RuntimeError):
-    """One attempt on one worker failed; the message says how."""
+    """One attempt on one worker failed; the message says how. ``unanswered``: the worker never answered (not
+    there, refused, or closed the connection before any response), as a worker that is going or coming does."""
+
+    def __init__(self, message: str, *, unanswered: bool = False) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 @dataclass(frozen=True)
@@ -75,10 +85,13 @@ def parse_targets(spec: str) -> list[tuple[str, int]]:
 
 class PrefillClient:
     def __init__(self, targets: str, *, timeouts: Timeouts | None = None, attempts: int = 2,
-                 resolve_interval: float = 5.0, cooldown: float = 5.0, resolver: Resolver = resolve_host) -> None:
+                 resolve_interval: float = 5.0, cooldown: float = 5.0, resolver: Resolver = resolve_host,
+                 unavailable_wait: float = 30.0, backoff: float = 0.05, max_backoff: float = 1.0) -> None:
         self.targets = parse_targets(targets)
         self.timeouts = timeouts or Timeouts()
         self.attempts = attempts
+        self.unavailable_wait = unavailable_wait
+        self.backoff, self.max_backoff = backoff, max_backoff
         self.resolve_interval = resolve_interval
         self.cooldown = cooldown
         self.resolver = resolver
@@ -128,32 +141,48 @@ class PrefillClient:
     async def fetch(self, expect: Expect, prompt: list[int], buffer: bytearray | None = None) -> Shipment:
         """The KV of ``prompt[expect.start:]`` from some worker, checked against ``expect``."""
         self.stats.fetches += 1
-        tried: set[str] = set()
-        errors: list[str] = []
-        for attempt in range(self.attempts):
-            address = self.pick(await self.addresses(force=attempt > 0), tried)
+        failed: set[str] = set()  # answered and failed: not asked again for this request
+        unanswered: set[str] = set()  # did not answer in this round; asked again after the backoff
+        errors: dict[str, str] = {}  # worker -> its last error, for the 503's message
+        deadline = time.monotonic() + self.unavailable_wait
+        delay = self.backoff
+        attempt = 0
+        while len(failed) < self.attempts:
+            addresses = await self.addresses(force=attempt > 0)
+            address = self.pick(addresses, failed | unanswered)
             if address is None:
-                break
+                if addresses and set(addresses) <= failed:
+                    break  # every known worker answered this request with a failure
+                # None is known or none answered: a rollout or a restart; wait for one, within the bound.
+                if time.monotonic() + delay > deadline:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
+                unanswered.clear()
+                continue
             if attempt:
                 self.stats.retries += 1
-            tried.add(address)
+            attempt += 1
             try:
                 return await self._fetch_from(address, expect, prompt, buffer)
             except WorkerFailed as exc:
                 self._failed_at[address] = time.monotonic()
-                errors.append(f"{address}: {exc}")
-                log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d error=%s",
-                            expect.request_id, address, attempt + 1, exc)
+                errors[address] = str(exc)
+                (unanswered if exc.unanswered else failed).add(address)
+                log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d answered=%s error=%s",
+                            expect.request_id, address, attempt, not exc.unanswered, exc)
         if not errors:
-            raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}")
-        raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): {'; '.join(errors)}")
+            raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}"
+                                     f" (waited {self.unavailable_wait:g}s)")
+        raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): "
+                                 + "; ".join(f"{a}: {e}" for a, e in errors.items()))
 
     def _target_text(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.targets)
 
-    def _fail(self, reason: str, message: str) -> WorkerFailed:
+    def _fail(self, reason: str, message: str, *, unanswered: bool = False) -> WorkerFailed:
         self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
-        return WorkerFailed(message)
+        return WorkerFailed(message, unanswered=unanswered)
 
     async def _fetch_from(self, address: str, expect: Expect, prompt: list[int],
                           buffer: bytearray | None) -> Shipment:
@@ -164,19 +193,27 @@ class PrefillClient:
         t = self.timeouts
         timeout = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_read=t.response)
         body = {"request_id": expect.request_id, "prompt_token_ids": prompt, "start": expect.start}
+        answered = False
         try:
             async with asyncio.timeout(t.total):
                 async with self._session.post(f"http://{address}/v1/kv/prefill", json=body,
                                               timeout=timeout) as resp:
+                    answered = True
                     if resp.status != 200:
                         text = (await asyncio.wait_for(resp.text(), t.read))[:300]
-                        raise self._fail("status", f"HTTP {resp.status}: {text}")
+                        # 503: the worker is still loading (or draining) and did nothing: as good as not there.
+                        raise self._fail("status", f"HTTP {resp.status}: {text}", unanswered=resp.status == 503)
                     return await self._read(resp, expect, buffer)
+        except aiohttp.ConnectionTimeoutError as exc:  # connecting timed out: nobody there to answer
+            raise self._fail("connection", f"connect timed out after {t.connect}s", unanswered=True) from exc
         except TimeoutError as exc:  # before ClientError: aiohttp's socket timeouts are both
             raise self._fail("timeout", f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
                                         f" total {t.total}s)") from exc
         except (aiohttp.ClientError, ConnectionError) as exc:
-            raise self._fail("connection", f"{type(exc).__name__}: {exc}") from exc
+            # Refused, reset or closed before the status line: a worker that is stopping or not there yet (a
+            # keep-alive connection the worker closed at shutdown reads so too). After an answer it is a failure.
+            unanswered = not answered and isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError))
+            raise self._fail("connection", f"{type(exc).__name__}: {exc}", unanswered=unanswered) from exc
         except CorruptTransfer as exc:
             raise self._fail("corrupt", f"corrupt KV transfer refused: {exc}") from exc
         finally:

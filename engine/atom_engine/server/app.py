@@ -33,6 +33,7 @@ class EngineServer:
         self.service: Any = None  # PrefillService (prefill)
         self.routes: Any = None  # OpenAIRoutes
         self.ready = asyncio.Event()
+        self.draining = False  # SIGTERM received: /ready answers 503 while requests are still served
         self.load_error: str | None = None
         self._load_task: asyncio.Task | None = None
         from atom_engine.server.metrics import ServerMetrics
@@ -119,6 +120,7 @@ class EngineServer:
             self.client = PrefillClient(
                 s.prefill_workers,
                 attempts=s.pd_attempts,
+                unavailable_wait=s.pd_unavailable_wait_seconds,
                 resolve_interval=s.pd_resolve_interval_seconds,
                 timeouts=Timeouts(
                     s.pd_connect_timeout_seconds,
@@ -158,6 +160,8 @@ class EngineServer:
 
     async def readiness(self, _request: web.Request) -> web.Response:
         alive = self.aengine is None or self.aengine.alive
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
         if self.ready.is_set() and alive:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "not ready"}, status=503)
@@ -243,7 +247,9 @@ async def start_server(
     """Listen on host:port (0: a free port); the model loads in the background (see ``server.ready``)."""
     server = EngineServer(settings, role)
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its request.
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    # shutdown_timeout: how long cleanup lets in-flight requests finish after the listener closed.
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=settings.finish_seconds)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -264,7 +270,15 @@ async def start_metrics(server: EngineServer, host: str, port: int) -> web.AppRu
 
 
 async def serve(settings: EngineSettings, role: Role, host: str, port: int, metrics_port: int | None = None) -> None:
-    """Run until SIGTERM or SIGINT, then drain: stop the engine loop and close the listeners."""
+    """Run until SIGTERM or SIGINT, then shut down without failing requests.
+
+    1. Drain for ``drainSeconds``: /ready answers 503 and every request is still served. A pod being deleted is
+       dropped from its Service's endpoints (and prefill workers from the headless name) only after the API
+       server, the endpoint controller, kube-proxy and DNS have caught up; closing the listener at once would
+       refuse the connections still routed here meanwhile. A second signal ends the drain early.
+    2. Close the listeners and let in-flight requests finish, for up to ``finishSeconds``; then stop the engine.
+    The pod's terminationGracePeriodSeconds covers both (see the operator's workload).
+    """
     server, runner, _port = await start_server(settings, role, host, port)
     metrics = await start_metrics(server, host, metrics_port) if metrics_port else None
     stop = asyncio.Event()
@@ -272,7 +286,15 @@ async def serve(settings: EngineSettings, role: Role, host: str, port: int, metr
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    stop.clear()
+    server.draining = True
+    log.info("event=draining role=%s seconds=%g", role, settings.drain_seconds)
+    try:
+        await asyncio.wait_for(stop.wait(), settings.drain_seconds)
+    except TimeoutError:
+        pass
     log.info("event=stopping role=%s", role)
+    await runner.cleanup()
     if metrics is not None:
         await metrics.cleanup()
-    await runner.cleanup()
+    log.info("event=stopped role=%s", role)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from atom_engine.api.spec import NPU_RESOURCES
+from atom_engine.settings import EngineSettings
 
 from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
 from atom_operator.children.meta import (
@@ -20,6 +22,14 @@ from atom_operator.children.meta import (
 )
 
 METRICS_PORT = 9090
+# Covers the engine's whole shutdown (its drain, then in-flight requests up to their limit) with room to spare,
+# so the kubelet's SIGKILL never cuts a request that the engine would have finished.
+TERMINATION_GRACE_SECONDS = (
+    math.ceil(
+        EngineSettings.model_fields["drain_seconds"].default + EngineSettings.model_fields["finish_seconds"].default
+    )
+    + 10
+)
 SCRATCH_DIR = "/tmp"
 # A non-root uid/gid that exists in distroless-style images; the image must not need root.
 RUN_AS = 65532
@@ -116,6 +126,8 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "containers": [_container(owner, role, defaults)],
         "volumes": volumes,
+        # SIGTERM: the engine drains (keeps serving while endpoints drop it), then finishes in-flight requests.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,  # hundreds of Services in a namespace would flood the environment
         "automountServiceAccountToken": False,  # the engine never calls the API server
         "securityContext": {
@@ -137,6 +149,20 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     return pod
 
 
+def rollout_strategy(replicas: int) -> dict[str, Any]:
+    """How a settings change replaces the role's pods.
+
+    With two or more replicas, one pod at a time is replaced in place (maxSurge 0): NPU nodes are usually full,
+    so a surge pod might never schedule, and the other replicas serve meanwhile. With a single replica that
+    would leave the role with no pod for the whole restart (for prefill, every request fails with 503), so the
+    new pod comes up beside the old one (maxSurge 1, maxUnavailable 0): the old pod serves until the new one is
+    ready, and on a full node the rollout waits with the old pod still serving instead of causing an outage.
+    """
+    if replicas >= 2:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
 def build_deployment(owner: Owner, role: Role, config_hash: str, defaults: Defaults) -> dict[str, Any]:
     """The role's Deployment; ``config_hash`` is the digest of its ConfigMap, so new settings roll the pods."""
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
@@ -147,9 +173,7 @@ def build_deployment(owner: Owner, role: Role, config_hash: str, defaults: Defau
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(owner, role)},
-            # NPU nodes are usually full: a surge pod could never schedule and the rollout would stall, so
-            # replace one pod at a time in place instead.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "strategy": rollout_strategy(spec.replicas),
             "template": {
                 "metadata": {"labels": labels(owner, role), "annotations": {CONFIG_HASH: config_hash}},
                 "spec": _pod_spec(owner, role, defaults),

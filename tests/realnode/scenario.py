@@ -16,9 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import openai
+import yaml
+
 from tests.harness import tools
 from tests.harness.cluster import Cluster
-from tests.realnode.kube import wait_for
+from tests.harness.realnode import NPU_LABELS, NPU_RESOURCE
+from tests.realnode.kube import port_forward, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "atom-operator"
@@ -59,23 +63,56 @@ def helm_uninstall(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", OPERATOR_NAMESPACE, "--wait=false", check=False)
 
 
-def atomdeployment(name: str, *, decode_replicas: int = 1, lanes: int = 4) -> dict:
-    """Decode + prefill on the cpu backend with builtin:tiny, each pod taking one ATOM as an NPU model would."""
-    npu = {"limits": {"rebellions.ai/ATOM": "1"}}
-    selector = {"rebellions.ai/npu.present": "true"}
-    return {
-        "apiVersion": "serving.atom.dev/v1alpha1",
-        "kind": "AtomDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"source": "builtin:tiny", "maxSeqLen": 512},
-            "decode": {"replicas": decode_replicas, "backend": "cpu", "npusPerReplica": 0, "lanes": lanes,
-                       "kvBlocks": lanes + 2, "prefixCache": True, "localPrefill": False, "resources": npu,
-                       "nodeSelector": selector},
-            "prefill": {"replicas": 1, "backend": "cpu", "npusPerReplica": 0, "resources": npu,
-                        "nodeSelector": selector},
-        },
-    }
+EXAMPLE = REPO / "examples" / "atomdeployment-pd.yaml"
+def atomdeployment(name: str | None = None) -> dict:
+    """examples/atomdeployment-pd.yaml, as users apply it: decode + prefill on the cpu backend with builtin:tiny,
+    each pod taking one ATOM through resources.limits as an NPU model would."""
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    if name:
+        obj["metadata"]["name"] = name
+    return obj
+
+
+def advertise_npus(cluster: Cluster, node: str, npus: int = 4) -> None:
+    """Fake NPUs on a node: the labels, and capacity patched into the node's status, as a device plugin's
+    extended resource appears (the kubelet keeps extended resources it does not manage)."""
+    cluster.kubectl("label", "node", node, "--overwrite", *(f"{k}={v}" for k, v in NPU_LABELS.items()))
+    patch = {"status": {"capacity": {NPU_RESOURCE: str(npus)}, "allocatable": {NPU_RESOURCE: str(npus)}}}
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+
+    def advertised() -> bool:
+        return cluster.get("node", node)["status"].get("allocatable", {}).get(NPU_RESOURCE) == str(npus)
+
+    wait_for(advertised, 60, f"{npus} {NPU_RESOURCE} allocatable on node {node}", cluster)
+
+
+@contextlib.contextmanager
+def openai_api(cluster: Cluster, namespace: str, name: str) -> Iterator[openai.OpenAI]:
+    """The openai client on a port-forward to the AtomDeployment's Service (127.0.0.1 only)."""
+    with port_forward(cluster, namespace, f"svc/{name}", HTTP_PORT) as port:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(api: openai.OpenAI, content: str = "Hello", max_tokens: int = 8) -> openai.types.chat.ChatCompletion:
+    """One chat completion with the served model; asserts tokens came back."""
+    model = api.models.list().data[0].id
+    out = api.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                      max_tokens=max_tokens)
+    assert out.choices[0].finish_reason in ("stop", "length"), out
+    assert out.usage is not None and out.usage.completion_tokens >= 1, out
+    return out
+
+
+def delete_and_wait_gone(cluster: Cluster, namespace: str, name: str) -> set[str]:
+    """Delete the AtomDeployment; every pod and child must go. Returns the pods' uids (for node-side checks)."""
+    uids = {p["metadata"]["uid"] for p in pods(cluster, namespace, name)}
+    assert uids, f"no pod of {namespace}/{name} before the delete"
+    cluster.kubectl("delete", GROUP, name, "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_for(lambda: not pods(cluster, namespace, name), 180, "every engine pod to be gone", cluster)
+    for kind in ("deployments", "services", "configmaps"):
+        left = cluster.get(kind, "-n", namespace, "-l", f"app.kubernetes.io/instance={name}")["items"]
+        assert left == [], f"{kind} left behind: {[o['metadata']['name'] for o in left]}"
+    return uids
 
 
 def owner_status(cluster: Cluster, namespace: str, name: str) -> dict:

@@ -1,9 +1,13 @@
-"""End to end on the real node: the chart's operator turns an AtomDeployment into engine pods that serve.
+"""End to end: the chart's operator turns examples/atomdeployment-pd.yaml into engine pods that serve.
 
-Both images are built (tests/harness/docker.py), imported into the node's containerd and installed with helm;
-the AtomDeployment runs decode + prefill on the cpu backend with builtin:tiny. The tests below run in file order
-against that one deployment and end by deleting it. The steps live in tests/realnode/scenario.py, shared with the
-kind path.
+Two ways to get a cluster whose pods really run, then the same steps (tests/realnode/scenario.py) on it:
+
+- the real node (marker ``realnode``, part of ``make test``): both images are built (tests/harness/docker.py) and
+  imported into the node's containerd; the tests below run in file order against one deployment and end by
+  deleting it;
+- kind (marker ``kind``, opt-in: ``make e2e-kind``, where Docker and a registry for kind's node image exist): a
+  kind cluster, fake NPUs advertised on its nodes, both images ``kind load``-ed, then install, serve, delete, and
+  the cluster is deleted.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import openai
 import pytest
 
 from tests.harness.docker import BuildResult
+from tests.harness.kind import KindCluster
 from tests.harness.realnode import NODE_NAME, RealNodeCluster
 from tests.images.conftest import docker_daemon, engine_image, operator_image  # noqa: F401 - session fixtures
 from tests.realnode import scenario
 from tests.realnode.kube import port_forward, wait_for
 
 # Cold: the images build (~3 GB of wheels) and the engine image (~5 GB) is imported; longer than the default limit.
-pytestmark = [pytest.mark.realnode, pytest.mark.timeout(3600)]
-NAME = "tiny"
+pytestmark = [pytest.mark.timeout(3600)]
+REALNODE = pytest.mark.realnode  # per test, not per module: the kind test must not carry it
+NAME = "tiny"  # examples/atomdeployment-pd.yaml's name
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +60,14 @@ def installed(real_node: RealNodeCluster, request: pytest.FixtureRequest) -> Ite
 
 @pytest.fixture(scope="module")
 def served(real_node: RealNodeCluster, installed: str, e2e_namespace: str) -> dict:
-    real_node.apply(scenario.atomdeployment(NAME), "-n", e2e_namespace)
+    real_node.apply(scenario.atomdeployment(), "-n", e2e_namespace)
     return scenario.wait_ready(real_node, e2e_namespace, NAME)
 
 
 @pytest.fixture(scope="module")
 def api(real_node: RealNodeCluster, served: dict, e2e_namespace: str) -> Iterator[openai.OpenAI]:
-    """The openai client on a port-forward to the AtomDeployment's Service (127.0.0.1 only)."""
-    with port_forward(real_node, e2e_namespace, f"svc/{NAME}", scenario.HTTP_PORT) as port:
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+    with scenario.openai_api(real_node, e2e_namespace, NAME) as api:
+        yield api
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +75,7 @@ def model(api: openai.OpenAI) -> str:
     return api.models.list().data[0].id
 
 
+@REALNODE
 def test_ready_with_pods_on_the_real_node(real_node: RealNodeCluster, served: dict, e2e_namespace: str) -> None:
     status = served["status"]
     assert status["decode"]["summary"] == "1/1" and status["prefill"]["summary"] == "1/1"
@@ -81,12 +87,12 @@ def test_ready_with_pods_on_the_real_node(real_node: RealNodeCluster, served: di
         assert all(c["ready"] for c in pod["status"]["containerStatuses"])
 
 
-def test_chat_completion(api: openai.OpenAI, model: str) -> None:
-    out = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
-    assert out.choices[0].finish_reason in ("stop", "length")
-    assert out.usage is not None and out.usage.completion_tokens >= 1
+@REALNODE
+def test_chat_completion(api: openai.OpenAI) -> None:
+    scenario.chat(api)
 
 
+@REALNODE
 def test_chat_completion_streaming(api: openai.OpenAI, model: str) -> None:
     stream = api.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "Stream to me"}], max_tokens=8, stream=True
@@ -97,6 +103,7 @@ def test_chat_completion_streaming(api: openai.OpenAI, model: str) -> None:
     assert any(c.choices and c.choices[0].finish_reason in ("stop", "length") for c in chunks)
 
 
+@REALNODE
 def test_the_prefill_worker_did_the_prefill(
     real_node: RealNodeCluster, api: openai.OpenAI, model: str, e2e_namespace: str
 ) -> None:
@@ -110,12 +117,42 @@ def test_the_prefill_worker_did_the_prefill(
     assert decode_metrics["atom:prefill_tokens_computed_total"] == 0  # remote-only: decode never prefills itself
 
 
-def test_scale_decode_to_two_and_back(real_node: RealNodeCluster, served: dict, e2e_namespace: str) -> None:
+@pytest.fixture(scope="module")
+def client(real_node: RealNodeCluster, served: dict, e2e_namespace: str, base_image: str, model: str
+           ) -> scenario.LoopingClient:
+    real_node.apply(scenario.client_pod(base_image), "-n", e2e_namespace)
+    wait_for(lambda: all(c["ready"] for c in real_node.get("pod", "client", "-n", e2e_namespace)["status"].get(
+        "containerStatuses", [{"ready": False}])), 120, "the client pod", real_node)
+    url = f"http://{NAME}.{e2e_namespace}.svc:{scenario.HTTP_PORT}/v1/chat/completions"
+    return scenario.LoopingClient(real_node, e2e_namespace, "client", url, model)
+
+
+@REALNODE
+def test_scale_decode_to_two_and_roll_lanes_without_a_failed_request(
+    real_node: RealNodeCluster, client: scenario.LoopingClient, e2e_namespace: str
+) -> None:
     scenario.patch_spec(real_node, e2e_namespace, NAME, {"decode": {"replicas": 2}})
     status = scenario.wait_ready(real_node, e2e_namespace, NAME, what="READY with 2 decode pods")["status"]
     assert status["decode"]["summary"] == "2/2"
-    pods = scenario.running_pods(real_node, e2e_namespace, NAME, "decode")
-    assert len(pods) == 2 and all(p["spec"]["nodeName"] == NODE_NAME for p in pods)
+    old = {p["metadata"]["name"] for p in scenario.running_pods(real_node, e2e_namespace, NAME, "decode")}
+    assert len(old) == 2
+    prefill = {p["metadata"]["name"] for p in scenario.running_pods(real_node, e2e_namespace, NAME, "prefill")}
+
+    with client.running():
+        wait_for(lambda: client.oks() >= 3, 120, "3 answers before the rollout", real_node)
+        scenario.patch_spec(real_node, e2e_namespace, NAME, {"decode": {"lanes": 2, "kvBlocks": 4}})
+        scenario.wait_ready(real_node, e2e_namespace, NAME, what="READY after the lanes rollout")
+        wait_for(lambda: not {p["metadata"]["name"] for p in scenario.pods(real_node, e2e_namespace, NAME, "decode")}
+                 & old, 180, "the old decode pods to be gone", real_node)
+        new = {p["metadata"]["name"] for p in scenario.running_pods(real_node, e2e_namespace, NAME, "decode")}
+        seen = client.oks()
+        wait_for(lambda: client.oks() >= seen + 3, 120, "3 answers after the rollout", real_node)
+    assert new and not new & old, f"decode pods were not replaced: before {old}, after {new}"
+    # lanes and kvBlocks are decode's alone: the prefill worker kept running through the rollout.
+    assert {p["metadata"]["name"] for p in scenario.running_pods(real_node, e2e_namespace, NAME, "prefill")} == prefill
+    print(f"lanes rollout: {len(client.results)} lines, {client.oks()} answered, {len(client.failures())} failed")
+    assert client.failures() == [], f"{len(client.failures())} of {len(client.results)} requests failed: " + "\n".join(
+        client.failures()[:10])
 
     scenario.patch_spec(real_node, e2e_namespace, NAME, {"decode": {"replicas": 1}})
     status = scenario.wait_ready(real_node, e2e_namespace, NAME, what="READY back at 1 decode pod")["status"]
@@ -124,6 +161,30 @@ def test_scale_decode_to_two_and_back(real_node: RealNodeCluster, served: dict, 
              "the second decode pod to be gone", real_node)
 
 
+@REALNODE
+def test_roll_the_single_prefill_worker_without_a_failed_request(
+    real_node: RealNodeCluster, client: scenario.LoopingClient, e2e_namespace: str
+) -> None:
+    # One prefill pod: the new one surges beside it, the old one drains, decoders retry while the name
+    # re-resolves. A changed pod template (here a cpu request) rolls prefill alone.
+    (old,) = (p["metadata"]["name"] for p in scenario.running_pods(real_node, e2e_namespace, NAME, "prefill"))
+    npu = {"limits": {scenario.NPU_RESOURCE: "1"}, "requests": {"cpu": "10m"}}
+    client.results.clear()
+    with client.running():
+        wait_for(lambda: client.oks() >= 3, 120, "3 answers before the prefill rollout", real_node)
+        scenario.patch_spec(real_node, e2e_namespace, NAME, {"prefill": {"resources": npu}})
+        scenario.wait_ready(real_node, e2e_namespace, NAME, what="READY after the prefill rollout")
+        wait_for(lambda: old not in {p["metadata"]["name"] for p in scenario.pods(real_node, e2e_namespace, NAME,
+                                                                                  "prefill")},
+                 180, "the old prefill pod to be gone", real_node)
+        seen = client.oks()
+        wait_for(lambda: client.oks() >= seen + 3, 120, "3 answers after the prefill rollout", real_node)
+    print(f"prefill rollout: {len(client.results)} lines, {client.oks()} answered, {len(client.failures())} failed")
+    assert client.failures() == [], f"{len(client.failures())} of {len(client.results)} requests failed: " + "\n".join(
+        client.failures()[:10])
+
+
+@REALNODE
 def test_killed_decode_process_is_restarted_by_the_kubelet(
     real_node: RealNodeCluster, api: openai.OpenAI, model: str, e2e_namespace: str
 ) -> None:
@@ -150,14 +211,9 @@ def test_killed_decode_process_is_restarted_by_the_kubelet(
     assert out.usage is not None and out.usage.completion_tokens >= 1
 
 
+@REALNODE
 def test_delete_removes_every_pod_and_container(real_node: RealNodeCluster, served: dict, e2e_namespace: str) -> None:
-    uids = {p["metadata"]["uid"] for p in scenario.pods(real_node, e2e_namespace, NAME)}
-    assert uids
-    real_node.kubectl("delete", scenario.GROUP, NAME, "-n", e2e_namespace, "--wait=true", "--timeout=120s")
-    wait_for(lambda: not scenario.pods(real_node, e2e_namespace, NAME), 180, "every engine pod to be gone", real_node)
-    for kind in ("deployments", "services", "configmaps"):
-        left = real_node.get(kind, "-n", e2e_namespace, "-l", f"app.kubernetes.io/instance={NAME}")["items"]
-        assert left == [], f"{kind} left behind: {[o['metadata']['name'] for o in left]}"
+    uids = scenario.delete_and_wait_gone(real_node, e2e_namespace, NAME)
     containerd = real_node.containerd
     assert containerd is not None
 
@@ -166,3 +222,35 @@ def test_delete_removes_every_pod_and_container(real_node: RealNodeCluster, serv
         return not any(lab.get("io.kubernetes.pod.uid") in uids for lab in labels)
 
     wait_for(no_containers, 120, "containerd to drop the engine pods' containers", real_node)
+
+
+# ---- kind (opt-in: make e2e-kind) ------------------------------------------------------------------------------
+@pytest.fixture
+def kind_cluster() -> Iterator[KindCluster]:
+    cluster = KindCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.name not in cluster.clusters(), f"kind cluster {cluster.name} was not deleted"
+
+
+@pytest.mark.kind
+def test_kind_install_serve_and_delete(kind_cluster: KindCluster, request: pytest.FixtureRequest) -> None:
+    operator: BuildResult = request.getfixturevalue("operator_image")  # tests/images' session fixtures
+    engine: BuildResult = request.getfixturevalue("engine_image")
+    for node in kind_cluster.node_names():
+        scenario.advertise_npus(kind_cluster, node)
+    for image in (operator, engine):
+        kind_cluster.load(image.tag)
+    scenario.helm_install(kind_cluster, operator.tag, engine.tag)
+    namespace = f"e2e-{uuid.uuid4().hex[:6]}"
+    kind_cluster.kubectl("create", "namespace", namespace)
+
+    kind_cluster.apply(scenario.atomdeployment(), "-n", namespace)
+    status = scenario.wait_ready(kind_cluster, namespace, NAME)["status"]
+    assert status["decode"]["summary"] == "1/1" and status["prefill"]["summary"] == "1/1"
+    with scenario.openai_api(kind_cluster, namespace, NAME) as api:
+        scenario.chat(api)
+    scenario.delete_and_wait_gone(kind_cluster, namespace, NAME)
+    scenario.helm_uninstall(kind_cluster)

@@ -42,6 +42,10 @@ docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks
 docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock (after make lock)
 	$(PY) -m tests.harness.docker lock
 
+.PHONY: e2e-kind
+e2e-kind: venv tools ## kind e2e (needs Docker and a registry for kind's node image; KIND_NODE_IMAGE=... picks it)
+	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
+
 .PHONY: bench-engine
 bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md
 	$(PY) benchmarks/bench_engine.py

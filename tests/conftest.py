@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -9,6 +10,16 @@ import pytest
 
 from tests.harness.cluster import Cluster
 from tests.harness.existing import ExistingCluster, wanted
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A CI runner or `timeout` stops the run with SIGTERM: turn it into pytest's interrupt, so fixtures tear
+    # the clusters down (processes, mounts, temp dirs) as they do on Ctrl-C, instead of dying mid-test.
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.harness.__main__ import print_nodes  # noqa: E402
-from tests.harness.cluster import Cluster  # noqa: E402
+from tests.harness.cluster import Cluster, free_port  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "atomdeployment.yaml"
 CRD = REPO / "crds" / "atomdeployments.serving.atom.dev.yaml"
@@ -51,12 +50,6 @@ class Steps:
             raise SystemExit(1) from e
         print(f"[{self.n}/{self.total}] done in {time.monotonic() - started:.1f}s", flush=True)
         return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:

@@ -42,14 +42,6 @@ PROBE_CRD = {
 }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def crds(cluster):
     cluster.kubectl("apply", "-f", "-", input=render())

@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -530,8 +530,3 @@ def _alive(pid: int) -> bool:
         return False
     return True
 
-
-@contextlib.contextmanager
-def running(**kwargs) -> Iterator[Cluster]:
-    with Cluster(**kwargs) as c:
-        yield c

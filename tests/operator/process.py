@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,11 @@ from pathlib import Path
 
 from atom_operator import webhook
 
+from tests.harness.cluster import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 USER = "atom-operator"
 MODULES = ("atom_operator.main", "tests.api.probe")  # the probe serves the API tests' schemaless CRD copy
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OperatorProcess:
@@ -34,7 +29,7 @@ class OperatorProcess:
         self.cluster, self.workdir = cluster, workdir
         self.kubeconfig, self.user = self._identity()
         self.ca, self.cert, self.key = webhook.make_certificates(workdir / "webhook", ["127.0.0.1"])
-        self.webhook_port, self.metrics_port = _free_port(), _free_port()
+        self.webhook_port, self.metrics_port = free_port(), free_port()
         self.log_path = workdir / "operator.log"
         self.proc: subprocess.Popen | None = None
 

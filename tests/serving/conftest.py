@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from atom_engine.sequence import SamplingParams
 from atom_engine.server.app import EngineServer, start_server
 from atom_engine.settings import EngineSettings
 
+from tests.harness.cluster import free_port
+
 torch.set_num_threads(1)  # two shared cores: no spin-waiting torch pools
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,12 +36,6 @@ ENGINE_BIN = Path(sys.executable).parent / "atom-engine"
 START_TIMEOUT = 120.0
 MODEL = "tiny"
 BASE = dict(model_name=MODEL, model_source="builtin:tiny", max_seq_len=512, prefill_chunk=32)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def scrape(base_url: str) -> dict[str, float]:

@@ -5,7 +5,7 @@ left-padded static batches of 8, on the same 32 requests (prompts 64-256 tokens,
 Checks the engine is token-exact against HF one-at-a-time and writes a markdown table to
 benchmarks/results/engine.md. Not a test: timings depend on the machine.
 
-    PYTHONPATH=engine python benchmarks/bench_engine.py [--threads 1] [--requests 32] [--prefill-chunk 256]
+    PYTHONPATH=engine python benchmarks/bench_engine.py [--threads N] [--requests 32] [--prefill-chunk 256]
 """
 
 from __future__ import annotations
@@ -89,11 +89,13 @@ def run_engine(path: Path, work: list[tuple[list[int], int]], chunk: int) -> tup
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for every contender (default 1)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                    help="torch threads for every contender (default: torch's default, one per core:"
+                         f" {torch.get_num_threads()} here)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--prefill-chunk", type=int, default=256,
                     help="engine prefillChunk (the cpu backend does not pad, so 256 prefills a prompt in one step)")
-    ap.add_argument("--repeats", type=int, default=2,
+    ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of all three contenders; each keeps its fastest round (shared machines are noisy)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()

@@ -13,8 +13,6 @@ from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.sampling import sample
 from atom_engine.sequence import Sequence
 
-KV_LEN_QUANTUM = 64
-
 
 class ModelRunner:
     def __init__(
@@ -49,8 +47,7 @@ class ModelRunner:
         slots = torch.full((1, c), SCRATCH_BLOCK, dtype=torch.long)  # pad tokens write into the scratch block
         slots[0, :n] = block
         t0 = time.perf_counter()
-        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]),
-                                      kv_len=self._kv_len(start + n))
+        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]))
         self.forward_seconds += time.perf_counter() - t0
         return logits[0]
 
@@ -65,19 +62,13 @@ class ModelRunner:
             if seq is not None:
                 ids[i, 0], positions[i, 0], blocks[i] = seq.tokens[-1], seq.computed, seq.block
         t0 = time.perf_counter()
-        kv_len = self._kv_len(int(positions.max()) + 1)
-        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long),
-                                     kv_len=kv_len)
+        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
         self.forward_seconds += time.perf_counter() - t0
         greedy = torch.argmax(logits, dim=-1).tolist()
         return [
             None if seq is None else greedy[i] if seq.params.greedy else sample(logits[i], seq)
             for i, seq in enumerate(batch)
         ]
-
-    def _kv_len(self, used: int) -> int:
-        # Positions a step may attend to, rounded up so eager backends see few distinct shapes.
-        return min(self.model.max_seq_len, -(-used // KV_LEN_QUANTUM) * KV_LEN_QUANTUM)
 
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:

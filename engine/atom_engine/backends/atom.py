@@ -55,13 +55,12 @@ class AtomBackend:
         self.decode_rt = compile_graph(graph, forward_inputs(lanes, 1))
         self.copy_rt = compile_graph(CopyBlockGraph(), [("src", [1], INDEX_DTYPE), ("dst", [1], INDEX_DTYPE), *kv])
 
-    # kv_len is ignored: the graphs are compiled for all max_seq_len positions.
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
-                logits_index: torch.Tensor, kv_len: int) -> torch.Tensor:
+                logits_index: torch.Tensor) -> torch.Tensor:
         return _first(self.prefill_rt(ids, positions, slots, blocks, logits_index, self.k_cache, self.v_cache))
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
-               logits_index: torch.Tensor, kv_len: int) -> torch.Tensor:
+               logits_index: torch.Tensor) -> torch.Tensor:
         return _first(self.decode_rt(ids, positions, slots, blocks, logits_index, self.k_cache, self.v_cache))
 
     def copy_block(self, src: int, dst: int) -> None:

@@ -1,38 +1,45 @@
-"""The cpu backend: the graphs run eagerly with torch."""
+"""The cpu backend: the model runs eagerly with torch.
+
+Eager torch is not bound to static shapes, so it does less work than the compiled graphs: it drops a prefill
+chunk's pad tokens, skips empty decode lanes, attends over views of each row's own block cut to that row's length
+(no gather, no padding to the longest row), and packs the weights for few-row matmuls.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from atom_engine.backends.graphs import CopyBlockGraph, ForwardGraph
+from atom_engine.backends.graphs import CopyBlockGraph
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
 
 
 class CpuBackend:
     def __init__(self, model: LlamaForCausalLM, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        self.forward = ForwardGraph(model)
+        model.pack()
+        self.model = model
         self.copy = CopyBlockGraph()
         self.k_cache, self.v_cache = k_cache, v_cache
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
-                logits_index: torch.Tensor, kv_len: int) -> torch.Tensor:
-        # Eager torch is not bound to static shapes: drop the chunk's trailing pad tokens and attend over the
-        # positions in use only (views, no copies).
+                logits_index: torch.Tensor) -> torch.Tensor:
         n = int(logits_index[0]) + 1
-        k, v = self.k_cache[:, :, :, :kv_len], self.v_cache[:, :, :, :kv_len]
-        return self.forward(ids[:, :n], positions[:, :n], slots[:, :n], blocks, logits_index, k, v)
+        rows = [(int(blocks[0]), int(positions[0, n - 1]) + 1)]
+        return self.model(ids[:, :n], positions[:, :n], slots[:, :n], blocks, logits_index, self.k_cache,
+                          self.v_cache, rows)
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
-               logits_index: torch.Tensor, kv_len: int) -> torch.Tensor:
-        k, v = self.k_cache[:, :, :, :kv_len], self.v_cache[:, :, :, :kv_len]
-        active = (blocks != SCRATCH_BLOCK).nonzero().flatten()
-        if len(active) == len(blocks):
-            return self.forward(ids, positions, slots, blocks, logits_index, k, v)
-        # Skip the empty lanes (an NPU graph pads them with the scratch block; eager torch need not).
-        part = self.forward(ids[active], positions[active], slots[active], blocks[active], logits_index[active], k, v)
-        logits = part.new_zeros(len(blocks), part.shape[-1])
-        logits[active] = part
+               logits_index: torch.Tensor) -> torch.Tensor:
+        lane_blocks, lane_positions = blocks.tolist(), positions[:, 0].tolist()
+        active = [i for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
+        rows = [(lane_blocks[i], lane_positions[i] + 1) for i in active]
+        if len(active) == len(lane_blocks):
+            return self.model(ids, positions, slots, blocks, logits_index, self.k_cache, self.v_cache, rows)
+        idx = torch.tensor(active, dtype=torch.long)
+        part = self.model(ids[idx], positions[idx], slots[idx], blocks[idx], logits_index[idx], self.k_cache,
+                          self.v_cache, rows)
+        logits = part.new_zeros(len(lane_blocks), part.shape[-1])
+        logits[idx] = part
         return logits
 
     def copy_block(self, src: int, dst: int) -> None:

@@ -1,6 +1,7 @@
-"""Backends run the three static-shape graphs (prefill, decode, block copy) on a device.
+"""Backends run prefill, decode and block copy on a device.
 
-``cpu`` runs them eagerly with torch; ``atom`` compiles them with the RBLN SDK (``rebel``), imported only here.
+``cpu`` runs the model eagerly with torch, free of static shapes; ``atom`` compiles the three static-shape graphs
+with the RBLN SDK (``rebel``), imported only here.
 """
 
 from __future__ import annotations

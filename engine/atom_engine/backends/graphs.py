@@ -1,4 +1,6 @@
-"""The graphs every backend runs, as torch modules with tensor-only inputs (what a graph compiler traces)."""
+"""The static-shape graphs, as torch modules with tensor-only inputs (what a graph compiler traces).
+
+The atom backend compiles all of them; the cpu backend runs the model eagerly and uses only the block copy."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class ModelRunner:
         self.lanes = lanes
         self.kv_blocks = kv_blocks
         self.chunk = min(prefill_chunk, model.max_seq_len)
-        dtype = model.lm_head.weight.dtype
+        dtype = model.dtype
         self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
         self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
         self.backend = make_backend(backend, model, self.k_cache, self.v_cache, lanes=lanes, chunk=self.chunk)
@@ -55,12 +55,10 @@ class ModelRunner:
     def decode(self, batch: list[Sequence | None]) -> list[int | None]:
         if len(batch) != self.lanes:
             raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)}")
-        ids = torch.zeros(self.lanes, 1, dtype=torch.long)
-        positions = torch.zeros(self.lanes, 1, dtype=torch.long)
-        blocks = torch.full((self.lanes,), SCRATCH_BLOCK, dtype=torch.long)
-        for i, seq in enumerate(batch):
-            if seq is not None:
-                ids[i, 0], positions[i, 0], blocks[i] = seq.tokens[-1], seq.computed, seq.block
+        # Built from lists: one tensor each, not one small tensor write per lane.
+        ids = torch.tensor([[0 if s is None else s.tokens[-1]] for s in batch], dtype=torch.long)
+        positions = torch.tensor([[0 if s is None else s.computed] for s in batch], dtype=torch.long)
+        blocks = torch.tensor([SCRATCH_BLOCK if s is None else s.block for s in batch], dtype=torch.long)
         t0 = time.perf_counter()
         logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
         self.forward_seconds += time.perf_counter() - t0

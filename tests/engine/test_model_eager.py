@@ -1,7 +1,7 @@
-"""The eager path (packed weights, per-row views of the cache) computes what the static-shape graph computes.
+"""The eager path (packed weights, views of the cache) computes what the static-shape graph computes.
 
-The cpu backend runs the eager path and the atom backend the static one, so the two must agree: same logits, same
-KV written, and packing must leave the weights (as the state dict reads them) untouched.
+The cpu backend runs the eager path and the atom backend the static one, so the two must agree: same logits and
+same KV written, for both weight layouts and both ways of attending over the cache.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import dataclasses
 import pytest
 import torch
 from atom_engine.kv_blocks import SCRATCH_BLOCK
-from atom_engine.model.llama import LlamaForCausalLM
+from atom_engine.model.llama import BlockSpan, LlamaForCausalLM
 from atom_engine.model.loader import TINY_CONFIG
+from atom_engine.model.packed import onednn_packs
 
 MAX_SEQ, BLOCKS = 48, 6
 
@@ -37,39 +38,51 @@ def prefill(m: LlamaForCausalLM, k: torch.Tensor, v: torch.Tensor, block: int, t
     return m(ids, pos, slots, blocks, torch.tensor([n - 1]), k, v, [(block, n)] if eager else None)
 
 
+LAYOUTS = ["onednn", "dense"]
+# Lanes of one decode step (block per lane; SCRATCH_BLOCK: empty). Rows in blocks 1, 2, 4 lie close together and
+# attend in one call (BlockSpan); rows in blocks 1 and 5 are too far apart and attend row by row (RowViews).
+DECODES = {"one-call": [1, 2, SCRATCH_BLOCK, 4], "row-by-row": [1, SCRATCH_BLOCK, SCRATCH_BLOCK, 5]}
+
+
+@pytest.mark.parametrize("lane_blocks", DECODES.values(), ids=DECODES.keys())
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": False, "qkv_bias": True, "mlp_bias": True,
                                             "o_bias": True}], ids=["tied", "untied-biases"])
 @torch.inference_mode()
-def test_eager_path_equals_static_graph(overrides: dict) -> None:
+def test_eager_path_equals_static_graph(overrides: dict, layout: str, lane_blocks: list[int]) -> None:
+    if layout == "onednn" and not onednn_packs(torch.float32):
+        pytest.skip("this torch has no oneDNN")
     static, eager = model(**overrides), model(**overrides)
-    before = {name: t.clone() for name, t in eager.state_dict().items()}
-    eager.pack()
-    ptrs = [p.data_ptr() for p in eager.parameters()]
+    eager.pack(onednn=layout == "onednn")
+    head = eager.head
     eager.pack()  # idempotent: nothing is packed twice
-    assert [p.data_ptr() for p in eager.parameters()] == ptrs
-    after = eager.state_dict()
-    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert eager.head is head and head is not None and head.onednn == (layout == "onednn")
+    # The packed linears let go of their dense weights; the embedding and norms keep theirs.
+    released = {name for name, p in eager.named_parameters(remove_duplicate=False) if p.is_meta}
+    assert released == {name for name, _ in static.named_parameters(remove_duplicate=False)
+                        if "_proj." in name or (name.startswith("lm_head.") and not eager.cfg.tie_word_embeddings)}
 
     ks, vs = caches(static)
     ke, ve = caches(eager)
     g = torch.Generator().manual_seed(3)
-    lengths = {1: 7, 2: 30, 4: 1}  # block -> prompt length; lane 3 stays empty (scratch)
+    lengths = {1: 7, 2: 30, 4: 1, 5: 12}  # block -> prompt length
     for block, n in lengths.items():
         tokens = torch.randint(0, TINY_CONFIG.vocab_size, (n,), generator=g).tolist()
         a = prefill(static, ks, vs, block, tokens, eager=False)
         b = prefill(eager, ke, ve, block, tokens, eager=True)
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
-    # One decode step over four lanes, one of them empty, as the cpu backend calls it.
-    lane_blocks = [1, 2, SCRATCH_BLOCK, 4]
+    # One decode step over four lanes, some of them empty, as the cpu backend calls it.
     ids = torch.randint(0, TINY_CONFIG.vocab_size, (4, 1), generator=g)
     pos = torch.tensor([[lengths.get(b, 0)] for b in lane_blocks])
     blocks = torch.tensor(lane_blocks)
     a = static(ids, pos, blocks[:, None], blocks, torch.zeros(4, dtype=torch.long), ks, vs)
     live = [i for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
     idx = torch.tensor(live)
+    rows = [(lane_blocks[i], int(pos[i]) + 1) for i in live]
+    assert BlockSpan.fits(rows) == (lane_blocks is DECODES["one-call"])
     b = eager(ids[idx], pos[idx], blocks[idx, None], blocks[idx], torch.zeros(len(live), dtype=torch.long), ke, ve,
-              [(lane_blocks[i], int(pos[i]) + 1) for i in live])
+              rows)
     torch.testing.assert_close(b, a[idx], rtol=1e-5, atol=1e-5)
     for block, n in lengths.items():  # the KV each path wrote, up to the decoded token
         torch.testing.assert_close(ke[:, block, :, : n + 1], ks[:, block, :, : n + 1], rtol=1e-5, atol=1e-5)

@@ -1,8 +1,9 @@
 """The cpu backend: the model runs eagerly with torch.
 
 Eager torch is not bound to static shapes, so it does less work than the compiled graphs: it drops a prefill
-chunk's pad tokens, skips empty decode lanes, attends over views of each row's own block cut to that row's length
-(no gather, no padding to the longest row), and packs the weights for few-row matmuls.
+chunk's pad tokens, skips empty decode lanes, attends over views of the cache instead of gathering whole blocks
+(one call over the lanes' blocks when they lie close together, else each row over its own block cut to its
+length), and packs the weights for few-row matmuls (oneDNN's layout where torch has it).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class RemotePrefill:
     def configure(self, model: Any, *, wakeup: Callable[[], None]) -> None:
         """The loaded model's KV layout (what every frame must match) and how to wake the engine loop."""
         cfg = model.cfg
-        dtype = model.lm_head.weight.dtype
+        dtype = model.dtype
         self.layout = dict(layers=cfg.num_layers, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                            vocab=cfg.vocab_size, dtype=dtype)
         # A slot holds a whole sequence's K and V (maxSeqLen tokens) and the logits of one token.

@@ -1,0 +1,56 @@
+"""Linear layers packed for the eager cpu backend's few-row matmuls (a decode step multiplies ``lanes`` rows).
+
+Linears that read the same input (q/k/v, gate/up) become one weight, so a step runs one wide matmul instead of
+several narrow ones. Where torch has oneDNN (x86 builds) and the model is float32, the weight is reordered once
+into oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an ``[8, 256] x [256, 1376]``
+product takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and a 256-row prefill chunk
+about 0.9 ms against 1.2 ms. Elsewhere (float64, bfloat16, builds without oneDNN) the weight is one dense
+``[in, out]`` matrix, which streams better than ``F.linear``'s ``[out, in]`` for a few rows.
+
+Packing moves the weights: each packed linear's parameters are replaced by meta tensors (shape and dtype, no
+storage), so the weights are not held twice and a packed model fails loudly if anything but this path reads them.
+A weight shared with another module (a head tied to the embedding) is copied and left in place.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether this torch can pack ``dtype`` weights for oneDNN."""
+    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear:
+    def __init__(self, *linears: nn.Linear, shared: bool = False, onednn: bool | None = None) -> None:
+        """``shared``: the weight is also used elsewhere, so it is copied and not released. ``onednn``: force the
+        layout (tests); by default oneDNN where :func:`onednn_packs`."""
+        with torch.no_grad():
+            weight = torch.cat([lin.weight for lin in linears])  # [sum(out), in]
+            biases = [lin.bias for lin in linears]
+            self.bias = None if biases[0] is None else torch.cat(biases)
+            self.onednn = onednn_packs(weight.dtype) if onednn is None else onednn
+            if self.onednn:
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            else:
+                self.weight = weight.t().contiguous()  # [in, out]
+        self.out_features = weight.shape[0]
+        if not shared:
+            for lin in linears:
+                _release(lin)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.bias is None:
+            return torch.matmul(x, self.weight)
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.out_features)
+
+
+def _release(lin: nn.Linear) -> None:
+    lin.weight = nn.Parameter(lin.weight.detach().to("meta"), requires_grad=False)
+    if lin.bias is not None:
+        lin.bias = nn.Parameter(lin.bias.detach().to("meta"), requires_grad=False)

@@ -55,8 +55,9 @@ bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix ca
 	$(PY) benchmarks/bench_pd.py
 
 .PHONY: bench-operator
-bench-operator: venv tools ## 500 AtomDeployments on the harness; writes benchmarks/results/operator.md
-	$(PY) benchmarks/bench_operator.py
+bench-operator: venv tools ## 500 AtomDeployments on the harness, at 10/s then all at once; writes benchmarks/results/operator.md
+	$(PY) benchmarks/bench_operator.py --rate 10
+	$(PY) benchmarks/bench_operator.py --rate 0
 
 HELM = $(shell python3 -m tests.harness.tools path helm)
 

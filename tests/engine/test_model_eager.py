@@ -86,3 +86,23 @@ def test_eager_path_equals_static_graph(overrides: dict, layout: str, lane_block
     torch.testing.assert_close(b, a[idx], rtol=1e-5, atol=1e-5)
     for block, n in lengths.items():  # the KV each path wrote, up to the decoded token
         torch.testing.assert_close(ke[:, block, :, : n + 1], ks[:, block, :, : n + 1], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_packing_falls_back_to_the_dense_layout_where_onednn_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not onednn_packs(torch.float32):
+        pytest.skip("this torch has no oneDNN")
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("no kernel for this CPU")  # what a oneDNN build without a kernel for the CPU raises
+
+    reference, m = model(), model()
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    m.pack()
+    assert m.head is not None and not m.head.onednn
+    ks, vs = caches(m)
+    tokens = list(range(1, 12))
+    torch.testing.assert_close(prefill(m, ks, vs, 1, tokens, eager=True),
+                               prefill(reference, *caches(reference), 1, tokens, eager=False), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="no kernel"):  # asked for oneDNN explicitly: no silent fallback
+        model().pack(onednn=True)

@@ -34,8 +34,13 @@ class PackedLinear:
             self.bias = None if biases[0] is None else torch.cat(biases)
             self.onednn = onednn_packs(weight.dtype) if onednn is None else onednn
             if self.onednn:
-                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            else:
+                try:
+                    self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+                except RuntimeError:  # a build whose oneDNN has no kernel for this CPU: the dense layout works
+                    if onednn:
+                        raise
+                    self.onednn = False
+            if not self.onednn:
                 self.weight = weight.t().contiguous()  # [in, out]
         self.out_features = weight.shape[0]
         if not shared:

@@ -88,7 +88,9 @@ class BlockSpan:
             lengths[blk - lo], query_of[blk - lo] = n, r
         self.query_of = torch.tensor(query_of)
         self.block_of = torch.tensor([blk - lo for blk in blocks])
-        self.mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]  # [span,1,1,S]
+        hidden = torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None]
+        # Additive, built once per step: SDPA would turn a bool mask into this in every layer.
+        self.mask = torch.zeros(hidden.shape, dtype=k_cache.dtype).masked_fill_(hidden, float("-inf"))[:, None, None]
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [B, H, 1, D]
         out = F.scaled_dot_product_attention(q[self.query_of], self.keys[layer], self.values[layer],

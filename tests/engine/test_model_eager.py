@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 from atom_engine.kv_blocks import SCRATCH_BLOCK
+from atom_engine.model import packed
 from atom_engine.model.llama import BlockSpan, LlamaForCausalLM
 from atom_engine.model.loader import TINY_CONFIG
 from atom_engine.model.packed import onednn_packs
@@ -97,6 +98,7 @@ def test_packing_falls_back_to_the_dense_layout_where_onednn_refuses(monkeypatch
         raise RuntimeError("no kernel for this CPU")  # what a oneDNN build without a kernel for the CPU raises
 
     reference, m = model(), model()
+    monkeypatch.setattr(packed, "ONEDNN_MIN_WEIGHT", 0)  # the tiny model's weights would take oneDNN
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
     m.pack()
     assert m.head is not None and not m.head.onednn
@@ -106,3 +108,18 @@ def test_packing_falls_back_to_the_dense_layout_where_onednn_refuses(monkeypatch
                                prefill(reference, *caches(reference), 1, tokens, eager=False), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="no kernel"):  # asked for oneDNN explicitly: no silent fallback
         model().pack(onednn=True)
+
+
+@pytest.mark.parametrize("min_weight", [0, packed.ONEDNN_MIN_WEIGHT])
+def test_pack_takes_onednn_only_for_weights_large_enough(monkeypatch: pytest.MonkeyPatch, min_weight: int) -> None:
+    if not onednn_packs(torch.float32):
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(packed, "ONEDNN_MIN_WEIGHT", min_weight)
+    m = model()  # the tiny model: its largest weight (the head) is below the default bound
+    m.pack()
+    layouts = {p.onednn for layer in m.model.layers for p in (layer.self_attn.qkv, layer.self_attn.o,
+                                                             layer.mlp.gate_up, layer.mlp.down)} | {m.head.onednn}
+    assert layouts == {min_weight == 0}
+    wide = model(hidden_size=256, intermediate_size=512, num_heads=4, head_dim=64)  # every weight >= 256 x 256
+    wide.pack()
+    assert wide.head.onednn and wide.model.layers[0].self_attn.o.onednn

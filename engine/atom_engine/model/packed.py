@@ -1,11 +1,12 @@
 """Linear layers packed for the eager cpu backend's few-row matmuls (a decode step multiplies ``lanes`` rows).
 
 Linears that read the same input (q/k/v, gate/up) become one weight, so a step runs one wide matmul instead of
-several narrow ones. Where torch has oneDNN (x86 builds) and the model is float32, the weight is reordered once
-into oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an ``[8, 256] x [256, 1376]``
-product takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and a 256-row prefill chunk
-about 0.9 ms against 1.2 ms. Elsewhere (float64, bfloat16, builds without oneDNN) the weight is one dense
-``[in, out]`` matrix, which streams better than ``F.linear``'s ``[out, in]`` for a few rows.
+several narrow ones. Where torch has oneDNN (x86 builds), the model is float32 and the weight is not small, the
+weight is reordered once into oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an
+``[8, 256] x [256, 1376]`` product takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and
+256 rows through the same weight (a prefill chunk) about 0.9 ms against 1.2 ms. Elsewhere (small weights,
+float64, bfloat16, builds without oneDNN) the weight is one dense ``[in, out]`` matrix, which streams better than
+``F.linear``'s ``[out, in]`` for a few rows.
 
 Packing moves the weights: each packed linear's parameters are replaced by meta tensors (shape and dtype, no
 storage), so the weights are not held twice and a packed model fails loudly if anything but this path reads them.
@@ -17,6 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# oneDNN costs about 20 us more per call than a dense matmul, which only a large enough weight earns back. Measured
+# in place: every linear of the benchmark's model (the smallest, o_proj, is 256 x 256) is faster with oneDNN, while
+# builtin:tiny's (64 x 320 at most) are slower: its 8-lane decode step took 1.05 ms with oneDNN and 0.71 ms dense.
+ONEDNN_MIN_WEIGHT = 256 * 256
+
 
 def onednn_packs(dtype: torch.dtype) -> bool:
     """Whether this torch can pack ``dtype`` weights for oneDNN."""
@@ -27,12 +33,16 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 class PackedLinear:
     def __init__(self, *linears: nn.Linear, shared: bool = False, onednn: bool | None = None) -> None:
         """``shared``: the weight is also used elsewhere, so it is copied and not released. ``onednn``: force the
-        layout (tests); by default oneDNN where :func:`onednn_packs`."""
+        layout (tests); by default oneDNN where :func:`onednn_packs` and the weight has ``ONEDNN_MIN_WEIGHT``
+        elements or more."""
         with torch.no_grad():
             weight = torch.cat([lin.weight for lin in linears])  # [sum(out), in]
             biases = [lin.bias for lin in linears]
             self.bias = None if biases[0] is None else torch.cat(biases)
-            self.onednn = onednn_packs(weight.dtype) if onednn is None else onednn
+            if onednn is None:
+                self.onednn = onednn_packs(weight.dtype) and weight.numel() >= ONEDNN_MIN_WEIGHT
+            else:
+                self.onednn = onednn
             if self.onednn:
                 try:
                     self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)

@@ -219,7 +219,7 @@ class LlamaForCausalLM(nn.Module):
     def pack(self, onednn: bool | None = None) -> None:
         """Move the linears' weights into :class:`PackedLinear` for the eager path (the cpu backend); the
         compiled graphs never pack. Packed linears release their dense weights. Idempotent."""
-        if self.head is not None or self.model.layers[0].mlp.down is not None:
+        if self.head is not None:  # set last, so it says the whole model is packed
             return
         for layer in self.model.layers:
             layer.self_attn.pack(onednn)

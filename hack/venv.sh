@@ -14,14 +14,18 @@ cache="${ATOM_CACHE_DIR:-$HOME/.cache/atom}/venvs"
 key=$( { cat requirements/dev.lock; "$python" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
 deps="$cache/dev-$key"
 
+# Several checkouts (worktrees, CI beside a session) may build the same entry at once: one builds, the rest wait.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 if [ ! -f "$deps/.complete" ]; then
   echo "venv: installing the locked dependencies into $deps (once per machine; torch takes a few minutes)"
   rm -rf "$deps"
-  mkdir -p "$cache"
   "$python" -m venv "$deps"
   "$deps/bin/pip" install --quiet --disable-pip-version-check --no-deps -r requirements/dev.lock
   touch "$deps/.complete"
 fi
+flock -u 9
 
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.atom-deps 2>/dev/null)" != "$deps" ]; then
   rm -rf .venv

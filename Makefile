@@ -14,7 +14,7 @@ demo: venv tools ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
+test: prereqs venv tools device-plugin-stubs ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: prereqs
@@ -28,6 +28,10 @@ venv: ## .venv with the locked dependencies (cached outside the repo, keyed by r
 .PHONY: tools
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)
 	python3 -m tests.harness.tools build
+
+.PHONY: device-plugin-stubs
+device-plugin-stubs: venv ## generate the fake-device plugin's gRPC stubs from the pinned k8s.io/kubelet proto (cached by its hash)
+	$(PY) -m atom_device_plugin.stubs
 
 .PHONY: crds
 crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from the spec models (tests fail when stale)

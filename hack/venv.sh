@@ -40,9 +40,9 @@ fi
 
 # This checkout's packages, editable; --no-deps because the lock already brought everything they need.
 # Editable installs follow code changes by themselves, so they are redone only when packaging changes.
-stamp=$(cat engine/pyproject.toml operator/pyproject.toml | sha256sum | cut -c1-16)
+stamp=$(cat engine/pyproject.toml operator/pyproject.toml deviceplugin/pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.atom-editable 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-    -e ./engine -e ./operator
+    -e ./engine -e ./operator -e ./deviceplugin
   echo "$stamp" > .venv/.atom-editable
 fi

@@ -79,7 +79,8 @@ class Batcher:
                 f"maximum context length is {self.max_seq_len} tokens; the prompt has {len(prompt)} tokens and"
                 f" max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens"
             )
-        seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params)
+        seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params,
+                       eos_token_id=self.eos_token_id)
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
@@ -146,7 +147,13 @@ class Batcher:
 
     def _allocate(self, seq: Sequence) -> Allocation:
         """The lane's block (and prefix-cache source); PD's batcher overrides it for prefetched requests."""
-        return self.kv.allocate(seq.id, seq.prompt)
+        return self.kv.allocate(seq.id, self.cacheable_prompt(seq))
+
+    @staticmethod
+    def cacheable_prompt(seq: Sequence) -> list[int] | None:
+        """The prompt to look up in the prefix cache; None for prompt logprobs, which need every prompt token's
+        logits (vLLM computes them again too)."""
+        return None if seq.params.prompt_logprobs is not None else seq.prompt
 
     def _prefill(self, out: list[StepOutput]) -> None:
         for seq in self.running():
@@ -213,13 +220,20 @@ class Batcher:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token == self.eos_token_id):
+        n = len(seq.output)
+        eos = not p.ignore_eos and token == self.eos_token_id
+        if n >= p.min_tokens and (eos or token in p.stop_token_ids):  # vLLM: no stop before min_tokens
+            # vLLM's rule: the stop token stays in token_ids but its text is not in the output.
+            seq.stop_reason = None if eos else token
+            if self.detokenize is not None:
+                seq.stop_text = self.detokenize(seq.output[:-1])
             return "stop"
-        if p.stop and self.detokenize is not None:
+        if n > p.min_tokens and p.stop and self.detokenize is not None:  # vLLM: stop strings past min_tokens
             text = self.detokenize(seq.output)
-            hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
+            hits = [(i, s) for s in p.stop if (i := text.find(s)) >= 0]
             if hits:
-                seq.stop_text = text[: min(hits)]
+                at, seq.stop_reason = min(hits)
+                seq.stop_text = text[:at]
                 return "stop"
         if len(seq.output) >= p.max_tokens:
             return "length"

@@ -10,7 +10,7 @@ import torch
 from atom_engine.backends import make_backend
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
-from atom_engine.sampling import sample
+from atom_engine.sampling import prompt_logprobs, sample, sample_batch
 from atom_engine.sequence import Sequence
 
 
@@ -30,13 +30,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
-        logits = self.prefill_logits(seq.block, start, tokens)
+        top = seq.params.prompt_logprobs
+        logits = self.prefill_logits(seq.block, start, tokens, every_token=top is not None)
+        if top is not None:  # row i scores the prompt token after chunk token i
+            if start == 0:
+                seq.prompt_logprobs = [None]
+            assert seq.prompt_logprobs is not None
+            seq.prompt_logprobs += prompt_logprobs(logits[:-1] if last else logits,
+                                                   seq.prompt[start + 1 : start + len(tokens) + 1], top)
+            logits = logits[-1]
         return sample(logits, seq) if last else None
 
     @torch.inference_mode()
-    def prefill_logits(self, block: int, start: int, tokens: list[int]) -> torch.Tensor:
+    def prefill_logits(self, block: int, start: int, tokens: list[int], every_token: bool = False) -> torch.Tensor:
         """One prefill chunk into ``block``; the ``[vocab]`` logits of its last token (a prefill worker ships
-        them so the decode side samples the first token with the request's own generator)."""
+        them so the decode side samples the first token with the request's own generator), or with
+        ``every_token`` the ``[n, vocab]`` logits of each of its tokens (prompt logprobs)."""
+        if every_token and not getattr(self.backend, "every_token_logits", False):
+            name = type(self.backend).__name__
+            raise RuntimeError(f"prompt logprobs need a backend that returns every token's logits; {name} does not")
         n, c = len(tokens), self.chunk
         if not 0 < n <= c:
             raise ValueError(f"a prefill chunk has 1..{c} tokens; got {n}")
@@ -47,7 +59,8 @@ class ModelRunner:
         slots = torch.full((1, c), SCRATCH_BLOCK, dtype=torch.long)  # pad tokens write into the scratch block
         slots[0, :n] = block
         t0 = time.perf_counter()
-        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), torch.tensor([n - 1]))
+        index = torch.arange(n)[None] if every_token else torch.tensor([n - 1])
+        logits = self.backend.prefill(ids, positions, slots, torch.tensor([block]), index)
         self.forward_seconds += time.perf_counter() - t0
         return logits[0]
 
@@ -62,11 +75,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
         self.forward_seconds += time.perf_counter() - t0
-        greedy = torch.argmax(logits, dim=-1).tolist()
-        return [
-            None if seq is None else greedy[i] if seq.params.greedy else sample(logits[i], seq)
-            for i, seq in enumerate(batch)
-        ]
+        return sample_batch(logits, batch)
 
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:

@@ -1,22 +1,83 @@
-"""Turn logits into tokens: greedy, or temperature / top-k / top-p with a per-request seeded generator."""
+"""Turn logits into tokens: greedy, or temperature / top-k / top-p with a per-request seeded generator.
+
+Requests that ask for nothing more take the cheap path: one batched argmax per decode step. Only a request with
+penalties, ``min_tokens`` or logprobs pays for its own row: logits shaped as vLLM's sampler does (min_tokens
+mask, then repetition/presence/frequency penalties, then temperature and top-k/top-p), and logprobs taken from
+the raw row (vLLM's default ``raw_logprobs``), so asking for logprobs never changes the tokens.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from atom_engine.sequence import SamplingParams, Sequence
+from atom_engine.sequence import SamplingParams, Sequence, TokenLogprob
+
+
+def sample_batch(logits: torch.Tensor, batch: list[Sequence | None]) -> list[int | None]:
+    """One token per lane from ``logits`` ``[lanes, vocab]`` (``None`` for an empty lane)."""
+    greedy = torch.argmax(logits, dim=-1).tolist()
+    return [
+        None if seq is None else greedy[i] if seq.params.plain_greedy else sample(logits[i], seq)
+        for i, seq in enumerate(batch)
+    ]
 
 
 def sample(logits: torch.Tensor, seq: Sequence) -> int:
     """One token from ``logits`` ``[vocab]`` for ``seq``; its generator lives in ``seq.sampler_state``."""
     p = seq.params
+    shaped = shape_logits(logits, seq) if p.shapes_logits else logits
     if p.greedy:
-        return int(torch.argmax(logits))
-    if seq.sampler_state is None:
-        gen = torch.Generator()
-        gen.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        seq.sampler_state = gen
-    return int(torch.multinomial(probabilities(logits, p), 1, generator=seq.sampler_state))
+        token = int(torch.argmax(shaped))
+    else:
+        if seq.sampler_state is None:
+            gen = torch.Generator()
+            gen.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            seq.sampler_state = gen
+        token = int(torch.multinomial(probabilities(shaped, p), 1, generator=seq.sampler_state))
+    if p.logprobs is not None:
+        # One entry per output position: a decode retried after a failed batch overwrites its own entry.
+        del seq.logprobs[len(seq.output):]
+        seq.logprobs.append(token_logprobs(torch.log_softmax(logits.to(torch.float32), dim=-1), token, p.logprobs))
+    return token
+
+
+def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """vLLM's order: min_tokens hides the stop tokens, then the penalties (a new tensor; ``logits`` is kept)."""
+    p = seq.params
+    x = logits.to(torch.float32).clone()
+    vocab = x.numel()
+    if len(seq.output) < p.min_tokens:
+        stops = [t for t in p.stop_token_ids if 0 <= t < vocab]
+        if not p.ignore_eos and seq.eos_token_id is not None:
+            stops.append(seq.eos_token_id)
+        x[stops] = float("-inf")
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        seen[torch.tensor(seq.prompt + seq.output, dtype=torch.long)] = True
+        # HF's rule: positive logits are divided by the penalty, negative ones multiplied.
+        x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+    if (p.presence_penalty or p.frequency_penalty) and seq.output:
+        counts = torch.bincount(torch.tensor(seq.output, dtype=torch.long), minlength=vocab)[:vocab].to(x.dtype)
+        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+    return x
+
+
+def token_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """``token``'s entry from a row of log-probabilities ``[vocab]``, with the ``top`` most likely tokens."""
+    lp = logprobs[token]
+    rank = int((logprobs > lp).sum()) + 1
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        values, ids = torch.topk(logprobs, top)
+        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprob(token, float(lp), rank, best)
+
+
+def prompt_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Entries for ``tokens``, each scored by the row of ``logits`` ``[len(tokens), vocab]`` before it (row i:
+    the model's distribution after the token preceding ``tokens[i]``)."""
+    rows = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    return [token_logprobs(rows[i], t, top) for i, t in enumerate(tokens)]
 
 
 def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs (and OpenAI's bound on top_logprobs)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -19,6 +21,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # no stop (EOS, stop token, stop string) before this many output tokens
+    # vLLM's penalties: repetition (HF's rule) over prompt and output tokens; presence and frequency over output.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # per output token: its logprob, rank and the top-N (0: only the token's own)
+    prompt_logprobs: int | None = None  # the same per prompt token (the first has none)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -29,12 +38,46 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it); got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}]; got {self.min_tokens}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2]; got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2]; got {getattr(self, name)}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not 0 <= n <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}]; got {n}")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def shapes_logits(self) -> bool:
+        """The logits are changed before sampling (penalties, min_tokens), so greedy is not a plain argmax."""
+        return (self.min_tokens > 0 or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """An argmax of the raw logits is the whole job: the batched fast path of a decode step."""
+        return self.greedy and not self.shapes_logits and self.logprobs is None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position's token with its logprob under the raw model distribution (as vLLM's default
+    ``raw_logprobs``: before penalties, temperature and top-k/p), its rank (1: the most likely) and the
+    ``top`` most likely tokens with theirs, best first."""
+
+    token: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class RequestRejected(ValueError):
@@ -65,7 +108,11 @@ class Sequence:
     cached_tokens: int = 0  # of them, copied from the prefix cache
     finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
     error: str | None = None
-    stop_text: str | None = None  # the text up to (excluding) a matched stop string
+    stop_text: str | None = None  # the text up to (excluding) a matched stop string or stop token
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string that ended it (not EOS)
+    eos_token_id: int | None = None  # the model's, for min_tokens (set by the batcher)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked
     cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
 

@@ -22,9 +22,11 @@ class CpuBackend:
         self.copy = CopyBlockGraph()
         self.k_cache, self.v_cache = k_cache, v_cache
 
+    every_token_logits = True  # prefill takes a [1, n] logits_index (prompt logprobs), eager torch has no shapes
+
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                 logits_index: torch.Tensor) -> torch.Tensor:
-        n = int(logits_index[0]) + 1
+        n = int(logits_index.max()) + 1
         rows = [(int(blocks[0]), int(positions[0, n - 1]) + 1)]
         return self.model(ids[:, :n], positions[:, :n], slots[:, :n], blocks, logits_index, self.k_cache,
                           self.v_cache, rows)

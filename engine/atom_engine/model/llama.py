@@ -257,5 +257,8 @@ class LlamaForCausalLM(nn.Module):
             x = x + layer.self_attn(h, cos, sin, k_cache[i], v_cache[i], slot_blocks, positions, attn_blocks, mask,
                                     i, eager)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        x = self.model.norm(x[torch.arange(x.shape[0], device=x.device), logits_index])  # [B, hidden]
+        rows_of = torch.arange(x.shape[0], device=x.device)
+        if logits_index.dim() == 2:  # [B, K]: K tokens per row (prompt logprobs): [B, K, hidden]
+            rows_of = rows_of[:, None]
+        x = self.model.norm(x[rows_of, logits_index])  # [B, hidden]
         return self.lm_head(x) if self.head is None else self.head(x)

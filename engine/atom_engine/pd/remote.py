@@ -138,7 +138,7 @@ class RemoteBatcher(Batcher):
     def _allocate(self, seq: Sequence) -> Allocation:
         t = self.transfers.get(seq.id)
         if t is None or not t.prefetched:
-            return self.kv.allocate(seq.id, seq.prompt)
+            return self.kv.allocate(seq.id, self.cacheable_prompt(seq))
         if t.source is None:
             return self.kv.allocate(seq.id)  # the prefetch ships the whole prompt: no lookup, no copy
         alloc = self.kv.allocate_from(seq.id, t.source, t.start)

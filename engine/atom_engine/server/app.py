@@ -58,6 +58,8 @@ class EngineServer:
                     web.post("/v1/completions", self._delegate("routes", "completions")),
                     web.post("/v1/chat/completions", self._delegate("routes", "chat")),
                     web.get("/v1/models", self._delegate("routes", "models")),
+                    web.post("/tokenize", self._delegate("routes", "tokenize")),
+                    web.post("/detokenize", self._delegate("routes", "detokenize")),
                 ]
             )
         app.on_startup.append(self._startup)

@@ -93,6 +93,12 @@ class AsyncEngine:
         self.wakeup.set()
         return seq, self._stream(request_id, queue)
 
+    def abandon(self, request_id: str) -> None:
+        """Cancel a request whose stream was never read (its request was refused part way through queueing)."""
+        if self.streams.pop(request_id, None) is not None:
+            self.engine.cancel(request_id)
+            self.wakeup.set()
+
     async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepOutput]:
         finished = False
         try:

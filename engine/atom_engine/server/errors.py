@@ -9,12 +9,13 @@ TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 err_type: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.err_type = status, message, param, code, err_type
 
     def response(self) -> web.Response:
-        return error_response(self.status, self.message, param=self.param, code=self.code)
+        return error_response(self.status, self.message, param=self.param, code=self.code, err_type=self.err_type)
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None,

@@ -1,35 +1,61 @@
-"""The OpenAI routes: /v1/completions, /v1/chat/completions (plain and SSE), /v1/models.
+"""The OpenAI routes: /v1/completions, /v1/chat/completions (plain and SSE), /v1/models, and vLLM's /tokenize and
+/detokenize.
 
-A request's life: parse and check (400), encode, queue (400 if it can never fit, 429 if the queue is full, 503
-if the engine is dead), then stream the engine's outputs. Streaming responses send their headers with the first
-token, so a request that fails before producing anything (a prefill worker that is gone) still gets a plain
-503 with an error body; a failure after the first token ends the stream with an error event and ``[DONE]``.
+A request's life: parse and check (400; an unknown model 404), encode, queue one sequence per choice (each
+prompt times ``n``; 400 if one can never fit, 429 if the queue is full, 503 if the engine is dead: the choices
+queued before are cancelled), then stream the engine's outputs. Streaming responses send their headers with the
+first token, so a request that fails before producing anything (a prefill worker that is gone) still gets a
+plain 503 with an error body; a failure after the first token ends the stream with an error event and
+``[DONE]``. A client that leaves cancels every choice of its request (an info-level event, not an error).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack, aclosing
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
 
 from atom_engine.engine import LLMEngine
-from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, StepOutput
+from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, StepOutput, TokenLogprob
 from atom_engine.server.chat import ChatTemplate
 from atom_engine.server.engine_loop import AsyncEngine, EngineDead
 from atom_engine.server.errors import ApiError, error_body
+from atom_engine.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_vllm, token_text_fn
 from atom_engine.server.metrics import ServerMetrics
-from atom_engine.server.protocol import ChatCompletionRequest, CompletionRequest, _Common, parse
+from atom_engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    _Common,
+    parse,
+)
 
 log = logging.getLogger("atom_engine.server")
 PREFILL_UNAVAILABLE = "PrefillUnavailable"
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass
+class _Choice:
+    """One sequence of a request (one prompt, one of its ``n``) and what has been sent of it."""
+
+    index: int
+    seq: Sequence
+    stream: AsyncIterator[StepOutput]
+    prompt_text: str  # for echo
+    sent: str = ""
+    tokens: list[int] = field(default_factory=list)  # as delivered: seq.output is the engine thread's to change
+    text_offset: int = 0  # of the next logprob token (completions, streamed)
+    finish: StepOutput | None = None
 
 
 @dataclass
@@ -39,10 +65,13 @@ class _Call:
     rid: str
     kind: str  # "completion" or "chat"
     req: _Common
-    seq: Sequence
+    choices: list[_Choice]
+    prompt_tokens: int  # each prompt once, as vLLM counts them (not once per n)
     created: int = field(default_factory=lambda: int(time.time()))
-    sent: str = ""
-    tokens: list[int] = field(default_factory=list)  # as delivered: seq.output is the engine thread's to change
+
+    @property
+    def echo(self) -> bool:
+        return isinstance(self.req, CompletionRequest) and self.req.echo
 
 
 class OpenAIRoutes:
@@ -54,11 +83,13 @@ class OpenAIRoutes:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
-                web.get("/v1/models", self.models)]
+                web.get("/v1/models", self.models), web.post("/tokenize", self.tokenize),
+                web.post("/detokenize", self.detokenize)]
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atom",
-                "max_model_len": self.engine.settings.max_seq_len}
+                "root": self.engine.settings.model_source, "parent": None,
+                "max_model_len": self.engine.settings.max_seq_len, "permission": []}
         return web.json_response({"object": "list", "data": [card]})
 
     # -- routes -----------------------------------------------------------------------------------
@@ -67,35 +98,66 @@ class OpenAIRoutes:
         try:
             req = parse(CompletionRequest, await _json(request))
             self._check_model(req.model)
-            prompt = req.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-                if len(prompt) != 1:
-                    raise ApiError(400, f"prompt: one prompt per request (n=1); got {len(prompt)}", param="prompt")
-                prompt = prompt[0]
-            ids = self._encode(prompt)
-            return await self._serve(request, rid, "completion", req, ids, DEFAULT_COMPLETION_TOKENS)
+            req.check()
+            prompts = [(p if isinstance(p, str) else None, self._encode(p)) for p in req.prompts()]
+            params = self._params(lambda: req.completion_sampling(DEFAULT_COMPLETION_TOKENS))
+            return await self._serve(request, rid, "completion", req, prompts, params)
         except ApiError as exc:
-            self.rejected += 1
-            log.info("event=request_refused request_id=%s status=%d message=%r", rid, exc.status, exc.message)
-            return exc.response()
+            return self._refused(rid, exc)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         try:
             req = parse(ChatCompletionRequest, await _json(request))
             self._check_model(req.model)
+            req.check()
             ids = self._encode(self.chat_template.render(req.messages))
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
-            return await self._serve(request, rid, "chat", req, ids, default)
+            params = self._params(lambda: req.chat_sampling(default))
+            return await self._serve(request, rid, "chat", req, [(None, ids)], params)
         except ApiError as exc:
-            self.rejected += 1
-            log.info("event=request_refused request_id=%s status=%d message=%r", rid, exc.status, exc.message)
-            return exc.response()
+            return self._refused(rid, exc)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+        try:
+            req = parse(TokenizeRequest, await _json(request))
+            if req.model is not None:
+                self._check_model(req.model)
+            req.check()
+            text = req.prompt if req.messages is None else self.chat_template.render(req.messages)
+            ids = self._encode(text) if text else []
+            strs = [self._text_of(t) for t in ids] if req.return_token_strs else None
+            return web.json_response({"count": len(ids), "max_model_len": self.engine.settings.max_seq_len,
+                                      "tokens": ids, "token_strs": strs})
+        except ApiError as exc:
+            return self._refused("tokenize", exc)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: ``{"prompt": text}``."""
+        try:
+            req = parse(DetokenizeRequest, await _json(request))
+            if req.model is not None:
+                self._check_model(req.model)
+            self.engine.encode(req.tokens)  # the range check (400 naming the bound)
+            if self.engine.tokenizer is None:
+                raise ApiError(400, "tokens: this model has no tokenizer", param="tokens", code="invalid_value")
+            return web.json_response({"prompt": self.engine.tokenizer.decode(req.tokens)})
+        except RequestRejected as exc:
+            return self._refused("detokenize", ApiError(400, f"tokens: {exc}", param="tokens", code="invalid_value"))
+        except ApiError as exc:
+            return self._refused("detokenize", exc)
+
+    def _refused(self, rid: str, exc: ApiError) -> web.Response:
+        self.rejected += 1
+        log.info("event=request_refused request_id=%s status=%d message=%r", rid, exc.status, exc.message)
+        return exc.response()
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise ApiError(400, f"model {model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            # OpenAI's and vLLM's answer: 404, so clients raise NotFoundError.
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                           param="model", code="model_not_found", err_type="invalid_request_error")
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         try:
@@ -103,31 +165,61 @@ class OpenAIRoutes:
         except RequestRejected as exc:
             raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
 
+    @staticmethod
+    def _params(build: Any) -> SamplingParams:
+        try:
+            return build()
+        except ValueError as exc:  # SamplingParams' own bounds; its messages start with the field's name
+            raise ApiError(400, str(exc), param=str(exc).split()[0], code="invalid_value") from None
+
+    def _text_of(self, token: int) -> str:
+        tok = self.engine.tokenizer
+        return f"token_id:{token}" if tok is None else tok.decode([token])
+
     # -- serving ----------------------------------------------------------------------------------
-    async def _serve(self, request: web.Request, rid: str, kind: str, req: _Common, ids: list[int],
-                     default_max_tokens: int) -> web.StreamResponse:
-        try:
-            params = req.sampling(default_max_tokens)
-        except ValueError as exc:
-            raise ApiError(400, str(exc), code="invalid_value") from None
+    async def _serve(self, request: web.Request, rid: str, kind: str, req: _Common,
+                     prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> web.StreamResponse:
         arrived = time.perf_counter()
-        try:
-            seq, stream = await self.aengine.submit(ids, params, rid)
-        except RequestRejected as exc:
-            context = "maximum context length" in str(exc)
-            raise ApiError(400, str(exc), param="max_tokens" if context else "prompt",
-                           code="context_length_exceeded" if context else "invalid_prompt") from None
-        except QueueFull as exc:
-            raise ApiError(429, str(exc), code="queue_full") from None
-        except EngineDead as exc:
-            raise ApiError(503, str(exc), code="engine_dead") from None
-        log.info("event=request_queued request_id=%s kind=%s prompt_tokens=%d max_tokens=%d stream=%s", rid, kind,
-                 len(ids), params.max_tokens, req.stream)
-        call = _Call(rid, kind, req, seq)
-        async with aclosing(self._timed(stream, arrived)) as outs:
+        n = req.n
+        choices: list[_Choice] = []
+        async with AsyncExitStack() as streams:
+            try:
+                for p, (text, ids) in enumerate(prompts):
+                    for j in range(n):
+                        index = p * n + j
+                        # vLLM seeds choice j of a seeded request with seed + j: reproducible and distinct.
+                        sp = params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
+                        seq, stream = await self.aengine.submit(ids, sp, rid if len(prompts) * n == 1
+                                                                else f"{rid}-{index}")
+                        stream = await streams.enter_async_context(aclosing(self._timed(stream, arrived)))
+                        prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
+                        choices.append(_Choice(index, seq, stream, prompt_text))
+            except RequestRejected as exc:
+                context = "maximum context length" in str(exc)
+                raise ApiError(400, str(exc), param="max_tokens" if context else "prompt",
+                               code="context_length_exceeded" if context else "invalid_prompt") from None
+            except QueueFull as exc:
+                raise ApiError(429, str(exc), code="queue_full") from None
+            except EngineDead as exc:
+                raise ApiError(503, str(exc), code="engine_dead") from None
+            finally:
+                if len(choices) < len(prompts) * n:  # refused part way: the choices queued go
+                    for c in choices:
+                        self.aengine.abandon(c.seq.id)
+            log.info("event=request_queued request_id=%s kind=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
+                     " stream=%s", rid, kind, len(prompts), n, sum(len(ids) for _, ids in prompts),
+                     params.max_tokens, req.stream)
+            call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts))
             if req.stream:
-                return await self._sse(request, call, outs, params)
-            return await self._whole(call, outs)
+                return await self._sse(request, call, params)
+            return await self._whole(call)
+
+    @staticmethod
+    def _echo(req: _Common) -> bool:
+        return isinstance(req, CompletionRequest) and req.echo
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(ids) if self.engine.tokenizer is not None else ""
 
     async def _timed(self, stream: AsyncIterator[StepOutput], arrived: float) -> AsyncIterator[StepOutput]:
         last = None
@@ -148,35 +240,70 @@ class OpenAIRoutes:
             return ApiError(503, error, code="prefill_unavailable")
         return ApiError(500, error or "the request failed", code="internal_error")
 
-    async def _whole(self, call: _Call, outs: AsyncIterator[StepOutput]) -> web.Response:
-        last = None
+    # -- whole responses --------------------------------------------------------------------------
+    async def _whole(self, call: _Call) -> web.Response:
+        async def drain(c: _Choice) -> None:
+            async for out in c.stream:
+                c.finish = out
+
         try:
-            async for out in outs:
-                last = out
+            await asyncio.gather(*(drain(c) for c in call.choices))
         except EngineDead as exc:
             raise ApiError(503, str(exc), code="engine_dead") from None
-        assert last is not None and last.finished
-        if last.finish_reason == "error":
-            raise self._failure(call, last.error)
-        result = self.engine.output(call.seq)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
-        if call.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": result.text or ""}
-        else:
-            choice["text"] = result.text or ""
-        if call.req.return_token_ids:
-            choice["token_ids"] = result.token_ids
-        body = {**self._head(call), "choices": [choice], "usage": _usage(call.seq)}
-        if call.req.return_token_ids:
-            body["prompt_token_ids"] = result.prompt_token_ids
-        log.info("event=request_done request_id=%s finish_reason=%s tokens=%d", call.rid, last.finish_reason,
-                 len(result.token_ids))
+        for c in call.choices:
+            assert c.finish is not None and c.finish.finished
+            if c.finish.finish_reason == "error":
+                raise self._failure(call, c.finish.error)
+        body = {**self._head(call), "choices": [self._final_choice(call, c) for c in call.choices],
+                "usage": self._usage(call)}
+        if call.req.return_token_ids and len(call.choices) == 1:
+            body["prompt_token_ids"] = call.choices[0].seq.prompt
+        log.info("event=request_done request_id=%s finish_reasons=%s tokens=%d", call.rid,
+                 ",".join(str(c.seq.finish_reason) for c in call.choices), sum(len(c.seq.output) for c in call.choices))
         return web.json_response(body)
 
-    async def _sse(self, request: web.Request, call: _Call, outs: AsyncIterator[StepOutput],
-                   params: SamplingParams) -> web.StreamResponse:
+    def _final_choice(self, call: _Call, c: _Choice) -> dict[str, Any]:
+        seq, req = c.seq, call.req
+        result = self.engine.output(seq)
+        choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": seq.finish_reason,
+                                  "stop_reason": seq.stop_reason}
+        text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
+        if isinstance(req, ChatCompletionRequest):
+            choice["message"] = {"role": "assistant", "content": result.text or ""}
+            if req.logprobs:
+                choice["logprobs"] = chat_logprobs(seq.logprobs, text_of)
+        else:
+            assert isinstance(req, CompletionRequest)
+            text, tokens, entries = result.text or "", list(seq.output), list[TokenLogprob | None](seq.logprobs)
+            if req.echo:
+                prompt_entries = seq.prompt_logprobs or [None] * len(seq.prompt)
+                if req.echo_only:
+                    text, tokens, entries = c.prompt_text, list(seq.prompt), list(prompt_entries)
+                else:
+                    text, tokens, entries = c.prompt_text + text, seq.prompt + tokens, prompt_entries + entries
+            choice["text"] = text
+            if req.logprobs is not None:
+                choice["logprobs"], _ = completion_logprobs(tokens, entries, req.logprobs, text_of)
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_vllm(seq.prompt_logprobs or [], text_of)
+        if req.return_token_ids:
+            choice["token_ids"] = result.token_ids
+            if len(call.choices) > 1:
+                choice["prompt_token_ids"] = seq.prompt
+        return choice
+
+    def _usage(self, call: _Call) -> dict[str, Any]:
+        completion = sum(len(c.seq.output) for c in call.choices)
+        cached = sum(c.seq.cached_tokens for c in call.choices[:: call.req.n])
+        return {"prompt_tokens": call.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": call.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+
+    # -- streams ----------------------------------------------------------------------------------
+    async def _sse(self, request: web.Request, call: _Call, params: SamplingParams) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         hold = max((len(s) for s in params.stop), default=1) - 1  # never send text a stop string may cut
+        opts = call.req.stream_options
+        continuous = opts is not None and opts.continuous_usage_stats
 
         async def send(obj: dict | str) -> None:
             nonlocal resp
@@ -184,52 +311,62 @@ class OpenAIRoutes:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
                 await resp.prepare(request)
                 if call.kind == "chat":
-                    await send(self._chunk(call, {"role": "assistant", "content": ""}, None, None))
+                    for c in call.choices:
+                        await send(self._chunk(call, c, {"role": "assistant", "content": ""}, None, None))
             data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
             await resp.write(f"data: {data}\n\n".encode())
 
         try:
-            async for out in outs:
-                if out.finished and out.finish_reason == "error":
-                    error = self._failure(call, out.error)
-                    if resp is None:
-                        return error.response()
-                    await send(error_body(error.status, error.message, code=error.code))
-                    break
-                text = self._text(call, out, hold)
-                if out.new_tokens or text or out.finished:
-                    await send(self._chunk(call, text, out.finish_reason if out.finished else None,
-                                           list(out.new_tokens)))
-                if out.finished:
-                    opts = call.req.stream_options
+            try:
+                async for c, out in _merge(call.choices):
+                    if out.finished and out.finish_reason == "error":
+                        error = self._failure(call, out.error)
+                        if resp is None:
+                            return error.response()
+                        await send(error_body(error.status, error.message, code=error.code))
+                        break
+                    first = not c.tokens
+                    text = self._text(c, out, hold)
+                    if out.new_tokens or text or out.finished:
+                        chunk = self._chunk(call, c, text, out.finish_reason if out.finished else None, out,
+                                            first=first)
+                        if continuous:
+                            chunk["usage"] = self._choice_usage(c)
+                        await send(chunk)
+                    if out.finished:
+                        log.info("event=choice_done request_id=%s index=%d finish_reason=%s tokens=%d", call.rid,
+                                 c.index, out.finish_reason, len(c.seq.output))
+                else:
                     if opts is not None and opts.include_usage:
-                        await send({**self._head(call, chunk=True), "choices": [], "usage": _usage(call.seq)})
-                    log.info("event=request_done request_id=%s finish_reason=%s tokens=%d", call.rid,
-                             out.finish_reason, len(call.seq.output))
-        except EngineDead as exc:
-            if resp is None:
-                return ApiError(503, str(exc), code="engine_dead").response()
-            await send(error_body(503, str(exc), code="engine_dead"))
-        await send("[DONE]")
+                        await send({**self._head(call, chunk=True), "choices": [], "usage": self._usage(call)})
+            except EngineDead as exc:
+                if resp is None:
+                    return ApiError(503, str(exc), code="engine_dead").response()
+                await send(error_body(503, str(exc), code="engine_dead"))
+            await send("[DONE]")
+            assert resp is not None
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client left mid-stream: its choices are cancelled as the streams close. Not an error.
+            log.info("event=client_disconnected request_id=%s", call.rid)
         assert resp is not None
-        await resp.write_eof()
         return resp
 
-    def _text(self, call: _Call, out: StepOutput, hold: int) -> str:
+    def _text(self, c: _Choice, out: StepOutput, hold: int) -> str:
         tok = self.engine.tokenizer
+        c.tokens.extend(out.new_tokens)
         if tok is None:
             return ""
-        call.tokens.extend(out.new_tokens)
         if out.finished:  # the engine is done with the sequence: its stop_text is final
-            full = call.seq.stop_text if call.seq.stop_text is not None else tok.decode(call.tokens)
+            full = c.seq.stop_text if c.seq.stop_text is not None else tok.decode(c.tokens)
         else:
-            full = tok.decode(call.tokens)
+            full = tok.decode(c.tokens)
             full = full[: len(full) - hold] if hold else full
             if full.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next bytes
                 full = full.rstrip("\ufffd")
-        if not full.startswith(call.sent):
+        if not full.startswith(c.sent):
             return ""
-        delta, call.sent = full[len(call.sent):], full
+        delta, c.sent = full[len(c.sent):], full
         return delta
 
     def _head(self, call: _Call, *, chunk: bool = False) -> dict[str, Any]:
@@ -238,21 +375,77 @@ class OpenAIRoutes:
             obj = "chat.completion.chunk"
         return {"id": call.rid, "object": obj, "created": call.created, "model": self.model_name}
 
-    def _chunk(self, call: _Call, content: str | dict, finish: str | None, token_ids: list[int] | None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    def _chunk(self, call: _Call, c: _Choice, content: str | dict, finish: str | None, out: StepOutput | None,
+               *, first: bool = False) -> dict:
+        req = call.req
+        choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = c.seq.stop_reason
+        new = list(out.new_tokens) if out is not None else []
+        # This chunk's logprobs: one entry per new token (delivered after the sampler wrote it).
+        done = len(c.tokens) - len(new)
+        entries = list[TokenLogprob | None](c.seq.logprobs[done : done + len(new)])
+        text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if call.kind == "chat":
             choice["delta"] = content if isinstance(content, dict) else ({"content": content} if content else {})
+            if isinstance(req, ChatCompletionRequest) and req.logprobs and out is not None:
+                choice["logprobs"] = chat_logprobs(entries, text_of)
         else:
+            assert isinstance(req, CompletionRequest) and isinstance(content, str)
+            if req.echo and first:  # the prompt goes first, as vLLM streams an echo
+                prompt_entries = c.seq.prompt_logprobs or [None] * len(c.seq.prompt)
+                if req.echo_only:
+                    content, new, entries = c.prompt_text, list(c.seq.prompt), list(prompt_entries)
+                else:
+                    content, new, entries = c.prompt_text + content, c.seq.prompt + new, prompt_entries + entries
+            elif req.echo_only:
+                content, new, entries = "", [], []
             choice["text"] = content
-        if call.req.return_token_ids and token_ids is not None:
-            choice["token_ids"] = token_ids
+            if req.logprobs is not None and out is not None:
+                choice["logprobs"], c.text_offset = completion_logprobs(new, entries, req.logprobs, text_of,
+                                                                        c.text_offset)
+        if req.return_token_ids and out is not None:
+            choice["token_ids"] = list(out.new_tokens)
         return {**self._head(call, chunk=True), "choices": [choice]}
 
+    @staticmethod
+    def _choice_usage(c: _Choice) -> dict[str, int]:
+        prompt, done = len(c.seq.prompt), len(c.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
-def _usage(seq: Sequence) -> dict[str, Any]:
-    return {"prompt_tokens": len(seq.prompt), "completion_tokens": len(seq.output),
-            "total_tokens": len(seq.prompt) + len(seq.output),
-            "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}}
+
+async def _merge(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StepOutput]]:
+    """The outputs of every choice as they come; one pump task per choice (cancelled when the caller leaves)."""
+    if len(choices) == 1:
+        c = choices[0]
+        async for out in c.stream:
+            yield c, out
+        return
+    queue: asyncio.Queue[tuple[_Choice, StepOutput] | BaseException | None] = asyncio.Queue()
+
+    async def pump(c: _Choice) -> None:
+        try:
+            async for out in c.stream:
+                queue.put_nowait((c, out))
+            queue.put_nowait(None)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer (EngineDead)
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(c)) for c in choices]
+    try:
+        left = len(choices)
+        while left:
+            item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _json(request: web.Request) -> Any:

@@ -1,4 +1,8 @@
-"""Request bodies of /v1/completions and /v1/chat/completions, checked strictly (wrong types are a 400)."""
+"""Request bodies of the OpenAI routes and vLLM's /tokenize and /detokenize, checked strictly (a 400 names the field).
+
+Field names, defaults and bounds follow vLLM's OpenAI server (``vllm/entrypoints/openai/completion/protocol.py``,
+``chat_completion/protocol.py``, ``serve/tokenize/protocol.py``), so its clients (lm-eval, guidellm) work as is.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from atom_engine.sequence import SamplingParams
+from atom_engine.sequence import MAX_LOGPROBS, SamplingParams
 from atom_engine.server.errors import ApiError
+
+INT64 = 2**63
+MAX_N = 128  # choices per request (each prompt); the waiting queue (maxWaiting) bounds them further
+MAX_PROMPTS = 1024  # prompts per request, as vLLM's VLLM_MAX_COMPLETION_PROMPTS default
 
 
 class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: StrictBool = False  # a last chunk with the usage of the whole request
+    continuous_usage_stats: StrictBool = False  # vLLM's: every chunk carries the usage so far
 
 
 class _Common(BaseModel):
@@ -20,48 +31,97 @@ class _Common(BaseModel):
 
     model: str
     max_tokens: StrictInt | None = Field(None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(-1, ge=-1)  # vLLM's extension; -1 or 0: off
-    seed: StrictInt | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(None, ge=-1)  # vLLM's extension; -1 or 0: off
+    seed: StrictInt | None = Field(None, ge=-INT64, lt=INT64)
     stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None  # vLLM's extension
+    stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: stop tokens, their text not in the output
     ignore_eos: StrictBool = False  # vLLM's extension
-    n: StrictInt = Field(1, ge=1, le=1)
+    min_tokens: StrictInt = Field(0, ge=0)  # vLLM's extension
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM's extension
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     return_token_ids: StrictBool = False  # vLLM's extension: token ids in each choice
-    logprobs: Any = None
+    return_tokens_as_token_ids: StrictBool = False  # vLLM's extension: logprob tokens as "token_id:<id>"
     user: str | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        if v not in (None, False):
-            raise ValueError("logprobs are not supported by this engine")
-        return v
+    def check(self) -> None:
+        """Rules across fields (a 400 naming the field)."""
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options: only allowed with stream=true", param="stream_options",
+                           code="invalid_value")
+        if self.min_tokens > self.max_tokens_or(self.min_tokens):
+            raise ApiError(400, f"min_tokens: must be <= max_tokens ({self.max_tokens_or(0)}); got {self.min_tokens}",
+                           param="min_tokens", code="invalid_value")
+        bad = [t for t in self.stop_token_ids or () if t < 0]
+        if bad:
+            raise ApiError(400, f"stop_token_ids: token ids must be >= 0; got {bad[:5]}", param="stop_token_ids",
+                           code="invalid_value")
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    def max_tokens_or(self, default: int) -> int:
+        return self.max_tokens if self.max_tokens is not None else default
+
+    def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            max_tokens=self.max_tokens or self.max_completion_tokens or default_max_tokens,
-            temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p, seed=self.seed,
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             stop=tuple(s for s in stop if s), stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            **extra,
         )
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[StrictInt] | list[str]
+    # A string, a list of strings, a list of token ids, or a list of token-id lists: one choice (n) per prompt.
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(None, ge=0)  # 0 only with echo: the prompt scored, nothing generated
     echo: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's extension
 
-    @field_validator("echo")
+    @field_validator("prompt")
     @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported by this engine")
+    def _prompt_count(cls, v: Any) -> Any:
+        if isinstance(v, list) and v and not isinstance(v[0], int) and len(v) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request; got {len(v)}")
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty; it needs at least one token")
         return v
+
+    def check(self) -> None:
+        super().check()
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens: must be >= 1 (0 only with echo=true); got 0", param="max_tokens",
+                           code="invalid_value")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ApiError(400, "prompt_logprobs: not available with stream=true", param="prompt_logprobs",
+                           code="invalid_value")
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+    @property
+    def echo_only(self) -> bool:
+        """vLLM's echo with max_tokens 0: one token is generated, only the prompt is returned."""
+        return self.echo and self.max_tokens == 0
+
+    def completion_sampling(self, default_max_tokens: int) -> SamplingParams:
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs  # vLLM: echo with logprobs scores the prompt too
+        return self.sampling(1 if self.echo_only else self.max_tokens_or(default_max_tokens),
+                             logprobs=self.logprobs, prompt_logprobs=prompt_logprobs)
 
 
 class ChatMessage(BaseModel):
@@ -78,9 +138,51 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
+
+    def max_tokens_or(self, default: int) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.max_completion_tokens if self.max_completion_tokens is not None else default
+
+    def chat_sampling(self, default_max_tokens: int) -> SamplingParams:
+        return self.sampling(self.max_tokens_or(default_max_tokens),
+                             logprobs=(self.top_logprobs or 0) if self.logprobs else None)
 
 
-def parse(model: type[_Common], body: Any) -> Any:
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a ``prompt`` (TokenizeCompletionRequest) or chat ``messages`` (TokenizeChatRequest)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ApiError(400, "prompt: give exactly one of prompt or messages", param="prompt",
+                           code="invalid_value")
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     try:

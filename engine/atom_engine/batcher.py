@@ -150,10 +150,10 @@ class Batcher:
         return self.kv.allocate(seq.id, self.cacheable_prompt(seq))
 
     @staticmethod
-    def cacheable_prompt(seq: Sequence) -> list[int] | None:
-        """The prompt to look up in the prefix cache; None for prompt logprobs, which need every prompt token's
-        logits (vLLM computes them again too)."""
-        return None if seq.params.prompt_logprobs is not None else seq.prompt
+    def cacheable_prompt(seq: Sequence) -> list[int]:
+        """The prompt to look up in the prefix cache; nothing for prompt logprobs, which need every prompt
+        token's logits (vLLM computes them again too)."""
+        return [] if seq.params.prompt_logprobs is not None else seq.prompt
 
     def _prefill(self, out: list[StepOutput]) -> None:
         for seq in self.running():

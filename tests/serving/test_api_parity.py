@@ -336,3 +336,39 @@ async def test_client_leaving_mid_stream_is_an_info_event(tiny: str, caplog: pyt
     assert not bad, [(r.name, r.getMessage()) for r in bad]
     assert any("request_cancelled" in r.getMessage() for r in caplog.records)
     assert math.isfinite(m["atom:requests_cancelled_total"])
+
+
+# -- through PD: the decode side samples, the prefill worker scores the prompt ---------------------------------
+PD_REQUESTS = [
+    ("/v1/completions", {"prompt": [list(b"Paris is the capital"), list(b"of France")], "echo": True,
+                         "logprobs": 2, "max_tokens": 1, "temperature": 0}),
+    ("/v1/completions", {"prompt": "abc", "echo": True, "logprobs": 0, "max_tokens": 0}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logprobs": 3,
+                         "repetition_penalty": 1.4, "frequency_penalty": 0.5, "return_token_ids": True}),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.8, "seed": 5, "n": 2,
+                         "ignore_eos": True, "presence_penalty": 1.0, "return_token_ids": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0,
+                              "ignore_eos": True, "logprobs": True, "top_logprobs": 2, "min_tokens": 3}),
+]
+
+
+async def test_pd_gives_the_same_logprobs_echo_and_penalised_tokens(prefill_pair) -> None:  # noqa: ANN001
+    async def run(url: str) -> list[list]:
+        out = []
+        for path, body in PD_REQUESTS:
+            status, resp = await post(url, path, {"model": MODEL, **body})
+            assert status == 200, resp
+            out.append(resp["choices"])
+        return out
+
+    async with in_process("standalone", lanes=2, kv_blocks=5, prefix_cache=True) as (_s, url):
+        direct = await run(url)
+    workers = prefill_pair[:1]
+    for prefetch in (False, True):
+        settings = dict(lanes=1 if prefetch else 2, kv_blocks=4 if prefetch else 5, prefix_cache=True,
+                        local_prefill=False, prefill_workers=workers[0].address, prefetch_next=prefetch)
+        async with in_process("decode", **settings) as (_s, url):
+            assert await run(url) == direct, f"prefetch={prefetch}"
+            assert await run(url) == direct  # again, with the prefix cache warm
+            assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
+    assert direct[0][0]["logprobs"]["token_logprobs"][0] is None and direct[1][0]["text"] == "abc"

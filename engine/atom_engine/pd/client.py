@@ -193,6 +193,8 @@ class PrefillClient:
         t = self.timeouts
         timeout = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_read=t.response)
         body = {"request_id": expect.request_id, "prompt_token_ids": prompt, "start": expect.start}
+        if expect.prompt_logprobs is not None:
+            body["prompt_logprobs"] = expect.prompt_logprobs
         answered = False
         try:
             async with asyncio.timeout(t.total):

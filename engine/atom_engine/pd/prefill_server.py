@@ -17,7 +17,7 @@ from aiohttp import web
 from atom_engine.pd import wire
 from atom_engine.pd.faults import Faults
 from atom_engine.pd.worker import PrefillWorker
-from atom_engine.sequence import RequestRejected
+from atom_engine.sequence import MAX_LOGPROBS, RequestRejected
 from atom_engine.server.errors import error_response
 
 log = logging.getLogger("atom_engine.prefill")
@@ -42,6 +42,9 @@ class PrefillService:
             rid, tokens, start = str(body["request_id"]), body["prompt_token_ids"], body["start"]
             if not isinstance(tokens, list) or not all(type(t) is int for t in tokens) or type(start) is not int:
                 raise TypeError("prompt_token_ids must be a list of ints and start an int")
+            top = body.get("prompt_logprobs")
+            if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+                raise ValueError(f"prompt_logprobs must be an int in [0, {MAX_LOGPROBS}] or null; got {top!r}")
             self.worker.validate(tokens, start)
         except (ValueError, KeyError, TypeError) as exc:
             return error_response(400, f"bad prefill request: {exc}", param=None)
@@ -52,7 +55,7 @@ class PrefillService:
             if Faults.matches(self.faults.fail_marker, tokens):
                 raise RuntimeError("injected prefill failure")
             loop = asyncio.get_running_loop()
-            ship = await loop.run_in_executor(self.executor, self.worker.compute, rid, tokens, start, gone)
+            ship = await loop.run_in_executor(self.executor, self.worker.compute, rid, tokens, start, gone, top)
         except asyncio.CancelledError:
             gone.set()  # the decoder went away: skip the work if it has not started
             log.info("event=prefill_abandoned request_id=%s", rid)

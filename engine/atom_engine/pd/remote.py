@@ -61,10 +61,11 @@ class RemotePrefill:
                            * dtype.itemsize + 4 * cfg.vocab_size)
         self.wakeup = wakeup
 
-    def submit(self, request_id: str, prompt: list[int], start: int, slot: int) -> concurrent.futures.Future:
+    def submit(self, request_id: str, prompt: list[int], start: int, slot: int,
+               prompt_logprobs: int | None = None) -> concurrent.futures.Future:
         if self.layout is None:
             raise RuntimeError("RemotePrefill.configure() was not called")
-        expect = Expect(request_id, start, prompt[start:], **self.layout)
+        expect = Expect(request_id, start, prompt[start:], **self.layout, prompt_logprobs=prompt_logprobs)
         buffer = self.buffers.get(slot)
         if buffer is None:  # allocated on first use, then reused by every shipment into this slot
             buffer = self.buffers[slot] = bytearray(self.slot_bytes)
@@ -155,7 +156,8 @@ class RemoteBatcher(Batcher):
                 if slot is None:
                     continue  # every slot is busy: try again next step
                 t = self.transfers[seq.id] = Transfer(
-                    self.remote.submit(seq.id, seq.prompt, seq.computed, slot), slot, seq.computed)
+                    self.remote.submit(seq.id, seq.prompt, seq.computed, slot, seq.params.prompt_logprobs), slot,
+                    seq.computed)
                 self.counters["remote_prefills"] += 1
             if not t.future.done():
                 continue
@@ -174,6 +176,8 @@ class RemoteBatcher(Batcher):
         if t.start != seq.computed:
             raise RuntimeError(f"shipment starts at {t.start}, the lane's block has {seq.computed} tokens")
         self.runner.import_kv(seq.block, t.start, ship.k, ship.v)
+        if seq.params.prompt_logprobs is not None:  # scored by the worker (the whole prompt: no cache lookup)
+            seq.prompt_logprobs = ship.prompt_logprobs
         token = sample(ship.logits, seq)
         self.counters["remote_prefill_tokens"] += len(ship.token_ids)
         self.counters["kv_bytes_imported"] += ship.payload_bytes
@@ -196,11 +200,12 @@ class RemoteBatcher(Batcher):
         slot = self._reserve(head.id)
         if slot is None:
             return
-        pinned = self.kv.pin_prefix(head.prompt)
+        pinned = self.kv.pin_prefix(self.cacheable_prompt(head))
         source, start = pinned if pinned is not None else (None, 0)
         with self._slot_lock:
             self.prefetch_id = head.id
-        self.transfers[head.id] = Transfer(self.remote.submit(head.id, head.prompt, start, slot), slot, start,
+        self.transfers[head.id] = Transfer(self.remote.submit(head.id, head.prompt, start, slot,
+                                                              head.params.prompt_logprobs), slot, start,
                                            prefetched=True, source=source)
         self.counters["prefetch_started"] += 1
         self.counters["prefetch_cached_tokens"] += start

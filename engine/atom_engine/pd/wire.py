@@ -2,13 +2,17 @@
 
     prefix   14 bytes   b"ATKV" | version u8 | flags u8 (0) | header_len u32 LE | header_crc32 u32 LE
     header   JSON       request_id, start, token_ids, dtype, k_shape, v_shape, logits_dtype, logits_shape,
-                        payload_bytes, payload_crc32
+                        payload_bytes, payload_crc32; prompt_logprobs when the decode side asked for them
     payload  raw bytes  K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], C order, little endian
 
 ``n == len(token_ids)``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not
 cached). The logits are those of the prompt's last token, so the decode side samples the first output token with
 the request's own generator (seeded sampling stays exact under PD). The receiver checks every field against
 what it asked for before it reads the payload, and the checksum after: a frame that fails is refused whole.
+
+A request with prompt logprobs (echo) gets them in the header, one per token of ``token_ids`` (``null`` for the
+prompt's first), each ``[token, logprob, rank, [[token, logprob], ...]]``; JSON floats round-trip exactly, so
+they equal the ones a local prefill computes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
+
+from atom_engine.sequence import TokenLogprob
 
 MAGIC = b"ATKV"
 VERSION = 1
@@ -46,6 +52,7 @@ class Shipment:
     k: torch.Tensor
     v: torch.Tensor
     logits: torch.Tensor
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per token of token_ids, when asked
 
     @property
     def payload_bytes(self) -> int:
@@ -64,6 +71,7 @@ class Expect:
     head_dim: int
     vocab: int
     dtype: torch.dtype
+    prompt_logprobs: int | None = None  # top-N asked per prompt token (echo with logprobs)
 
 
 def _raw(t: torch.Tensor) -> memoryview:
@@ -83,6 +91,7 @@ def encode(ship: Shipment) -> tuple[bytes, list[memoryview]]:
         "dtype": DTYPE_NAMES[ship.k.dtype], "k_shape": list(ship.k.shape), "v_shape": list(ship.v.shape),
         "logits_dtype": "float32", "logits_shape": list(ship.logits.shape),
         "payload_bytes": sum(p.nbytes for p in parts), "payload_crc32": crc,
+        **({} if ship.prompt_logprobs is None else {"prompt_logprobs": [_lp_out(e) for e in ship.prompt_logprobs]}),
     }, separators=(",", ":")).encode()
     return PREFIX.pack(MAGIC, VERSION, 0, len(header), zlib.crc32(header)) + header, parts
 
@@ -122,6 +131,7 @@ async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Ex
         if h.get(key) != value:
             shown = h.get(key) if key != "token_ids" else f"{len(h.get(key) or [])} ids"
             raise CorruptTransfer(f"KV frame field {key} is {shown!r}; expected {value if key != 'token_ids' else n}")
+    prompt_logprobs = _lp_in(h.get("prompt_logprobs"), n) if expect.prompt_logprobs is not None else None
     kv_bytes = expect.layers * expect.kv_heads * n * expect.head_dim * expect.dtype.itemsize
     total = 2 * kv_bytes + 4 * expect.vocab
     if h.get("payload_bytes") != total:
@@ -146,5 +156,22 @@ async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Ex
     return Shipment(
         expect.request_id, expect.start, list(expect.token_ids),
         tensor(0, kv_bytes, expect.dtype, kv_shape), tensor(kv_bytes, kv_bytes, expect.dtype, kv_shape),
-        tensor(2 * kv_bytes, 4 * expect.vocab, torch.float32, [expect.vocab]),
+        tensor(2 * kv_bytes, 4 * expect.vocab, torch.float32, [expect.vocab]), prompt_logprobs,
     )
+
+
+def _lp_out(e: TokenLogprob | None) -> list | None:
+    return None if e is None else [e.token, e.logprob, e.rank, [list(t) for t in e.top]]
+
+
+def _lp_in(raw: object, n: int) -> list[TokenLogprob | None]:
+    """The header's prompt logprobs, one per shipped token; anything else is a corrupt frame."""
+    if not isinstance(raw, list) or len(raw) != n:
+        shown = len(raw) if isinstance(raw, list) else type(raw).__name__
+        raise CorruptTransfer(f"KV frame field prompt_logprobs has {shown} entries; expected {n}")
+    try:
+        return [None if e is None else TokenLogprob(int(e[0]), float(e[1]), int(e[2]),
+                                                     tuple((int(t), float(lp)) for t, lp in e[3]))
+                for e in raw]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise CorruptTransfer(f"KV frame field prompt_logprobs is malformed: {exc}") from exc

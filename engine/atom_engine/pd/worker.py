@@ -14,7 +14,8 @@ import torch
 
 from atom_engine.kv_blocks import KVBlocks
 from atom_engine.pd.wire import Shipment
-from atom_engine.sequence import RequestRejected
+from atom_engine.sampling import prompt_logprobs as score_prompt
+from atom_engine.sequence import RequestRejected, TokenLogprob
 from atom_engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -54,17 +55,22 @@ class PrefillWorker:
         if any(not 0 <= t < self.vocab_size for t in tokens):
             raise RequestRejected(f"token ids must be in [0, {self.vocab_size})")
 
-    def compute(self, request_id: str, tokens: list[int], start: int, gone: threading.Event | None = None
-                ) -> Shipment | None:
-        """KV of ``tokens[start:]`` (attending to the whole prompt) and the last token's logits; None when the
-        requester went away before the work started."""
+    def compute(self, request_id: str, tokens: list[int], start: int, gone: threading.Event | None = None,
+                prompt_logprobs: int | None = None) -> Shipment | None:
+        """KV of ``tokens[start:]`` (attending to the whole prompt) and the last token's logits (with
+        ``prompt_logprobs``, each shipped token's logprob and top-N too); None when the requester went away
+        before the work started."""
         self.validate(tokens, start)
+        if prompt_logprobs is not None and start != 0:
+            raise RequestRejected(f"prompt_logprobs score the whole prompt: start must be 0; got {start}")
         with self._lock:
             if gone is not None and gone.is_set():
                 self.counters["skipped_gone"] += 1
                 return None
             owner = f"prefill-{next(self._ids)}"
-            alloc = self.kv.allocate(owner, tokens)
+            # Prompt logprobs need every token's logits: no prefix-cache lookup (as the decode side).
+            alloc = self.kv.allocate(owner, tokens if prompt_logprobs is None else ())
+            scored: list[TokenLogprob | None] = [None]
             ok = False
             try:
                 computed = 0
@@ -78,7 +84,12 @@ class PrefillWorker:
                 chunk = self.runner.chunk
                 while computed < len(tokens):
                     piece = tokens[computed : computed + chunk]
-                    logits = self.runner.prefill_logits(alloc.block, computed, piece)
+                    every = prompt_logprobs is not None
+                    logits = self.runner.prefill_logits(alloc.block, computed, piece, every_token=every)
+                    if every:  # row i scores the token after piece[i]
+                        nxt = tokens[computed + 1 : computed + len(piece) + 1]
+                        scored += score_prompt(logits[: len(nxt)], nxt, prompt_logprobs)
+                        logits = logits[-1]
                     computed += len(piece)
                     self.counters["prefill_tokens_computed"] += len(piece)
                 k, v = self.runner.export_kv(alloc.block, start, len(tokens))
@@ -91,4 +102,5 @@ class PrefillWorker:
                 self.kv.release(owner, tokens if ok else None)
             self.counters["prefills"] += 1
             self.counters["shipped_tokens"] += len(tokens) - start
-        return Shipment(request_id, start, tokens[start:], k, v, logits.detach().to(torch.float32).clone())
+        return Shipment(request_id, start, tokens[start:], k, v, logits.detach().to(torch.float32).clone(),
+                        scored if prompt_logprobs is not None else None)

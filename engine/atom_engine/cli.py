@@ -1,7 +1,10 @@
-"""``atom-engine serve --role standalone|decode|prefill --config FILE [--host --port]``.
+"""``atom-engine serve --role standalone|decode|prefill --config FILE [--host --port]`` and
+``atom-engine compile --config FILE`` (build the compiled artifact under compileCacheDir, or verify it).
 
 Settings are read and checked before anything heavy is imported: bad settings stop the process with the
-rule's message (the admission webhook's words) and exit status 2, before the model loads.
+rule's message (the admission webhook's words) and exit status 2, before the model loads. An artifact under
+compileCacheDir that disagrees with the settings stops it with exit status 3, its message also written to the
+kubelet's termination log.
 """
 
 from __future__ import annotations
@@ -9,12 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 
 from pydantic import ValidationError
 
 EXIT_BAD_SETTINGS = 2
+EXIT_ARTIFACT_MISMATCH = 3
+TERMINATION_LOG = Path("/dev/termination-log")  # the kubelet's default terminationMessagePath
 
 
 class _KeyValueFormatter(logging.Formatter):
@@ -42,7 +49,37 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, default=None,
                        help="also serve /metrics alone on this port (it is always on --port too)")
     serve.add_argument("--log-level", default="info")
+    comp = sub.add_parser("compile", help="build the compiled artifact under compileCacheDir, or verify it")
+    comp.add_argument("--config", required=True, help="engine settings YAML (camelCase keys)")
+    comp.add_argument("--log-level", default="info")
+    comp.set_defaults(role="standalone")
     return p
+
+
+def _refuse_artifact(exc: Exception) -> int:
+    print(f"atom-engine: {exc}", file=sys.stderr)
+    if TERMINATION_LOG.is_file() and os.access(TERMINATION_LOG, os.W_OK):
+        TERMINATION_LOG.write_text(f"{exc}\n")
+    return EXIT_ARTIFACT_MISMATCH
+
+
+def _compile(settings) -> int:  # noqa: ANN001 - EngineSettings, imported lazily
+    """Build the artifact, or verify an existing one, and exit."""
+    from atom_engine import artifacts
+
+    log = logging.getLogger("atom_engine")
+    artifact = artifacts.locate(settings)  # ArtifactMismatch: handled by the caller
+    if artifact.manifest is not None:
+        artifacts.verify_files(artifact)
+        log.info("event=artifact_verified key=%s path=%s", artifact.key, artifact.path)
+        return 0
+    from atom_engine.model.loader import load_model
+    from atom_engine.runner import ModelRunner
+
+    model, _ = load_model(settings.model_source, max_seq_len=settings.max_seq_len, dtype=settings.dtype,
+                          seed=settings.seed)
+    ModelRunner(model, settings)  # compiles and saves (event=artifact_compiled)
+    return 0
 
 
 def _load_settings(path: str, role: str):  # noqa: ANN202 - EngineSettings, imported lazily
@@ -68,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"atom-engine: bad settings in {args.config}: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    from atom_engine.artifacts import ArtifactMismatch, locate
+
+    if args.command == "compile" and not settings.compile_cache_dir:
+        print(f"atom-engine: bad settings in {args.config}: compile needs compileCacheDir", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        if args.command == "compile":
+            return _compile(settings)
+        if settings.compile_cache_dir:
+            locate(settings)  # refuse a mismatching artifact before the model loads
+    except ArtifactMismatch as exc:
+        return _refuse_artifact(exc)
     import asyncio
 
     from atom_engine.server.app import serve

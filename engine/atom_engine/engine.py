@@ -54,8 +54,7 @@ class LLMEngine:
         )
         self.eos_token_id = self.model.cfg.eos_token_id
         self.vocab_size = self.model.cfg.vocab_size
-        self.runner = ModelRunner(self.model, backend=settings.backend, lanes=settings.lanes,
-                                  kv_blocks=settings.kv_blocks, prefill_chunk=settings.prefill_chunk)
+        self.runner = ModelRunner(self.model, settings)
         self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
         # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
         self.source_slots = SourceSlots(settings.lanes)

@@ -25,6 +25,12 @@ REPLICAS_MIN = 0
 CEL_INT_DIGITS = 5
 REPLICAS_MAX = 10**CEL_INT_DIGITS - 1
 NPUS_PER_REPLICA_MAX = 64
+# An ATOM (RBLN-CA) has 16 GiB of DRAM and keeps 288 MiB of it for the system (optimum-rbln 0.12.0,
+# optimum/rbln/utils/runtime_utils.py:48-54); its prefill chunk is a positive multiple of 64
+# (optimum/rbln/transformers/modeling_attention_utils.py:92-96).
+ATOM_DRAM_BYTES = 16 * 2**30
+ATOM_SYSTEM_BYTES = 288 * 2**20
+ATOM_PREFILL_CHUNK_MULTIPLE = 64
 PORT_MIN = 1
 PORT_MAX = 65535
 

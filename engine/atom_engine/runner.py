@@ -1,5 +1,5 @@
-"""The model runner: the only place that touches device tensors. It owns the model and the KV cache and turns
-the batcher's sequences into static-shape graph inputs: decode ``[lanes, 1]``, prefill ``[1, chunk]``."""
+"""The model runner: turns the batcher's sequences into static-shape graph inputs (decode ``[lanes, 1]``, prefill
+``[1, chunk]``) for its backend, which owns the KV cache: KV moves in and out of it (PD) through the backend only."""
 
 from __future__ import annotations
 
@@ -7,25 +7,21 @@ import time
 
 import torch
 
-from atom_engine.backends import make_backend
+from atom_engine.artifacts import build_backend
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.sampling import prompt_logprobs, sample, sample_batch
 from atom_engine.sequence import Sequence
+from atom_engine.settings import EngineSettings
 
 
 class ModelRunner:
-    def __init__(
-        self, model: LlamaForCausalLM, *, backend: str, lanes: int, kv_blocks: int, prefill_chunk: int
-    ) -> None:
+    def __init__(self, model: LlamaForCausalLM, settings: EngineSettings) -> None:
         self.model = model
-        self.lanes = lanes
-        self.kv_blocks = kv_blocks
-        self.chunk = min(prefill_chunk, model.max_seq_len)
-        dtype = model.dtype
-        self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
-        self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=dtype)
-        self.backend = make_backend(backend, model, self.k_cache, self.v_cache, lanes=lanes, chunk=self.chunk)
+        self.lanes = settings.lanes
+        self.kv_blocks = settings.kv_blocks
+        self.chunk = min(settings.prefill_chunk, model.max_seq_len)
+        self.backend = build_backend(settings, model, self.chunk)  # loads or compiles (and saves) the graphs
         self.forward_seconds = 0.0  # time inside graphs, for the engine-overhead figure
 
     @torch.inference_mode()
@@ -81,13 +77,24 @@ class ModelRunner:
     def copy_block(self, src: int, dst: int) -> None:
         self.backend.copy_block(src, dst)
 
-    # -- for PD disaggregation: move one block's KV (positions start..end) out of and into the cache -----
+    # -- for PD disaggregation: one block's KV (positions start..end) out of and into the backend's cache -----
     @torch.inference_mode()
     def export_kv(self, block: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k_cache[:, block, :, start:end].clone(), self.v_cache[:, block, :, start:end].clone()
+        self._check_span(block, start, end)
+        return self.backend.export_kv(block, start, end)
 
     @torch.inference_mode()
     def import_kv(self, block: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        end = start + k.shape[2]
-        self.k_cache[:, block, :, start:end] = k
-        self.v_cache[:, block, :, start:end] = v
+        cfg = self.model.cfg
+        want = (cfg.num_layers, cfg.num_kv_heads, k.shape[2] if k.dim() == 4 else -1, cfg.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape) != want or t.dtype != self.model.dtype:
+                raise ValueError(f"imported {name} is {tuple(t.shape)} {t.dtype}; this engine takes"
+                                 f" [layers, kv_heads, tokens, head_dim] = {list(want)} {self.model.dtype}")
+        self._check_span(block, start, start + k.shape[2])
+        self.backend.import_kv(block, start, k, v)
+
+    def _check_span(self, block: int, start: int, end: int) -> None:
+        if not 0 <= block < self.kv_blocks or not 0 <= start <= end <= self.model.max_seq_len:
+            raise ValueError(f"KV span block {block} positions {start}..{end} is outside kvBlocks={self.kv_blocks},"
+                             f" maxSeqLen={self.model.max_seq_len}")

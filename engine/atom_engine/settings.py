@@ -38,6 +38,11 @@ class EngineSettings(BaseModel):
     prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    num_devices: int = Field(1, ge=1, le=limits.NPUS_PER_REPLICA_MAX, description="NPUs this engine drives"
+                             " (the AtomDeployment's npusPerReplica); ignored by the cpu backend.")
+    compile_cache_dir: str | None = Field(None, description="Directory (usually a mounted volume) where compiled"
+                                          " graphs are saved with a manifest and loaded by later starts; unset:"
+                                          " compile at every start.")
     seed: int = 0
     # PD transfer bounds (serving layer): every wait on a prefill worker ends, see atom_engine.pd.client.
     pd_connect_timeout_seconds: float = Field(3.0, gt=0, description="Connecting to a prefill worker.")

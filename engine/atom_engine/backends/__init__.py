@@ -1,12 +1,13 @@
-"""Backends run prefill, decode and block copy on a device.
+"""Backends run prefill, decode, block copy and KV export/import on a device; each owns its KV cache.
 
-``cpu`` runs the model eagerly with torch, free of static shapes; ``atom`` compiles the three static-shape graphs
-with the RBLN SDK (``rebel``), imported only here.
+``cpu`` runs the model eagerly with torch on host tensors; ``atom`` compiles the static-shape graphs with the RBLN
+SDK (``rebel``, imported only there), and its KV lives on the device, reached through graphs only.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -22,15 +23,31 @@ class Backend(Protocol):
 
     def copy_block(self, src: int, dst: int) -> None: ...
 
+    def export_kv(self, block: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host tensors in the model dtype, each ``[layers, kv_heads, end - start, head_dim]``."""
+        ...
 
-def make_backend(name: str, model: LlamaForCausalLM, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
-                 lanes: int, chunk: int) -> Backend:
+    def import_kv(self, block: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+    def graph_manifest(self) -> list[dict[str, Any]]:
+        """Each compiled graph's name, file and input_info (an artifact's manifest lists them)."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """Write the compiled graphs into ``directory`` (nothing for a backend that does not compile)."""
+        ...
+
+
+def make_backend(name: str, model: LlamaForCausalLM, *, lanes: int, kv_blocks: int, chunk: int,
+                 num_devices: int = 1, load_from: Path | None = None) -> Backend:
+    """``load_from``: a directory of graphs saved by ``save`` (an artifact), loaded instead of compiling."""
     if name == "cpu":
         from atom_engine.backends.cpu import CpuBackend
 
-        return CpuBackend(model, k_cache, v_cache)
+        return CpuBackend(model, kv_blocks=kv_blocks)
     if name == "atom":
         from atom_engine.backends.atom import AtomBackend
 
-        return AtomBackend(model, k_cache, v_cache, lanes=lanes, chunk=chunk)
+        return AtomBackend(model, kv_blocks=kv_blocks, lanes=lanes, chunk=chunk, num_devices=num_devices,
+                           load_from=load_from)
     raise ValueError(f"backend must be 'cpu' or 'atom'; got {name!r}")

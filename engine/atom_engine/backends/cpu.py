@@ -8,6 +8,9 @@ length), and packs the weights for few-row matmuls (oneDNN's layout where torch 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from atom_engine.backends.graphs import CopyBlockGraph
@@ -16,11 +19,12 @@ from atom_engine.model.llama import LlamaForCausalLM
 
 
 class CpuBackend:
-    def __init__(self, model: LlamaForCausalLM, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int) -> None:
         model.pack()
         self.model = model
         self.copy = CopyBlockGraph()
-        self.k_cache, self.v_cache = k_cache, v_cache
+        self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
+        self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
 
     every_token_logits = True  # prefill takes a [1, n] logits_index (prompt logprobs), eager torch has no shapes
 
@@ -47,3 +51,19 @@ class CpuBackend:
 
     def copy_block(self, src: int, dst: int) -> None:
         self.copy(torch.tensor([src]), torch.tensor([dst]), self.k_cache, self.v_cache)
+
+    # -- PD: the cache is host memory, so a block's KV moves by slicing --------------------------------------------
+    def export_kv(self, block: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_cache[:, block, :, start:end].clone(), self.v_cache[:, block, :, start:end].clone()
+
+    def import_kv(self, block: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[2]
+        self.k_cache[:, block, :, start:end] = k
+        self.v_cache[:, block, :, start:end] = v
+
+    # -- artifacts: nothing is compiled ------------------------------------------------------------------------
+    def graph_manifest(self) -> list[dict[str, Any]]:
+        return []
+
+    def save(self, directory: Path) -> None:
+        pass

@@ -32,3 +32,25 @@ class CopyBlockGraph(nn.Module):
         k_cache[:, dst] = k_cache[:, src]
         v_cache[:, dst] = v_cache[:, src]
         return dst
+
+
+class ExportKVGraph(nn.Module):
+    """Reads ``positions`` (a fixed window) of block ``block`` out of every layer: ``[2, layers, kv_heads, window,
+    head_dim]`` (K then V). A device backend ships what its device computed through this explicit copy."""
+
+    def forward(self, block: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        k = k_cache.index_select(1, block).squeeze(1).index_select(2, positions)
+        v = v_cache.index_select(1, block).squeeze(1).index_select(2, positions)
+        return torch.stack([k, v])
+
+
+class ImportKVGraph(nn.Module):
+    """Writes a window ``kv`` (``[2, layers, kv_heads, window, head_dim]``) at ``(slot_blocks[i], positions[i])``;
+    the window's padding goes to the scratch block."""
+
+    def forward(self, slot_blocks: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        k_cache[:, slot_blocks, :, positions] = kv[0].permute(2, 0, 1, 3)  # advanced indices first: [W, L, H, D]
+        v_cache[:, slot_blocks, :, positions] = kv[1].permute(2, 0, 1, 3)
+        return slot_blocks

@@ -30,8 +30,7 @@ class PrefillWorker:
         self.model, self.tokenizer = load_model(settings.model_source, max_seq_len=settings.max_seq_len,
                                                 dtype=settings.dtype, seed=settings.seed)
         # One block at a time (the lock below) plus scratch: the operator gives prefill pods lanes 1, kvBlocks 2.
-        self.runner = ModelRunner(self.model, backend=settings.backend, lanes=settings.lanes,
-                                  kv_blocks=settings.kv_blocks, prefill_chunk=settings.prefill_chunk)
+        self.runner = ModelRunner(self.model, settings)
         self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
         self.vocab_size = self.model.cfg.vocab_size
         self._lock = threading.Lock()  # one model: one prefill at a time

@@ -5,8 +5,10 @@
 #   containernetworking-plugins    bridge/host-local/portmap/loopback CNI plugins for the real node
 #   nftables iptables              kube-proxy (nftables mode) and the bridge's FORWARD rules
 #   gcc libc6-dev                  the static pause image
+#   gcc-aarch64-linux-gnu          furiosa-torch's compiler shells out to aarch64-linux-gnu-gcc (the rngd backend's
+#                                  tests compile for real); the wheel does not declare it
 set -euo pipefail
-packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl)
+packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl gcc-aarch64-linux-gnu)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="build the compiled artifact under compileCacheDir, or verify it")
     comp.add_argument("--config", required=True, help="engine settings YAML (camelCase keys)")
     comp.add_argument("--log-level", default="info")
-    comp.set_defaults(role="standalone")
+    comp.set_defaults(role=None)  # any role's graphs: an rngd prefill artifact too
     return p
 
 
@@ -82,10 +82,13 @@ def _compile(settings) -> int:  # noqa: ANN001 - EngineSettings, imported lazily
     return 0
 
 
-def _load_settings(path: str, role: str):  # noqa: ANN202 - EngineSettings, imported lazily
+def _load_settings(path: str, role: str | None):  # noqa: ANN202 - EngineSettings, imported lazily
+    from atom_engine.limits import role_backend_error
     from atom_engine.settings import EngineSettings
 
     settings = EngineSettings.load(path)
+    if role is not None and (error := role_backend_error(role, settings.backend)):
+        raise ValueError(error)
     if role == "decode" and not settings.local_prefill and not settings.prefill_workers:
         raise ValueError("--role decode with localPrefill: false needs prefillWorkers (host:port)")
     return settings

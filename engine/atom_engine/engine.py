@@ -40,6 +40,8 @@ class LLMEngine:
         false: the batcher then never prefills locally but imports the KV that prefill workers ship."""
         # EngineSettings validates on construction; check again for settings built without validation.
         limits.check(settings.view(), scope="engine")
+        if error := limits.role_backend_error("decode", settings.backend):  # an LLMEngine decodes
+            raise ValueError(error)
         if not settings.local_prefill and remote is None:
             raise ValueError(
                 "localPrefill: false (remote-only prefill) needs a prefill client: serve with --role decode and"

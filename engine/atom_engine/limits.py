@@ -49,6 +49,15 @@ DNS_LABEL_MAX = 63
 NAME_MAX_LENGTH = DNS_LABEL_MAX - max(len(s) for s in CHILD_NAME_SUFFIXES)
 
 
+def role_backend_error(role: str, backend: str) -> str | None:
+    """Why ``backend`` cannot run ``role`` (None when it can): decode and standalone engines decode, so they take a
+    decode backend; rngd prefills only. The same lists make the spec's decode.backend and prefill.backend enums."""
+    allowed = PREFILL_BACKENDS if role == "prefill" else DECODE_BACKENDS
+    if backend in allowed:
+        return None
+    return f"backend {backend!r} cannot run the {role} role (it takes {', '.join(allowed)}); rngd runs prefill only"
+
+
 def min_kv_blocks(lanes: int, prefix_cache: bool) -> int:
     """The fewest KV blocks an engine with ``lanes`` lanes can run on."""
     return lanes + SCRATCH_BLOCKS + (COPY_SOURCE_BLOCKS if prefix_cache else 0)

@@ -73,6 +73,10 @@ class EngineSettings(BaseModel):
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineSettings:
         limits.check(self.view(), scope="engine")
+        if self.backend == "rngd" and self.prefix_cache:
+            # The operator renders prefill pods with prefixCache false; the rngd backend compiles no block copy.
+            raise ValueError("backend rngd runs prefill workers, which run without a prefix cache: set prefixCache:"
+                             " false")
         return self
 
     def view(self) -> limits.EngineView:

@@ -31,6 +31,10 @@ def run_cli(tmp_path: Path, role: str, settings: dict) -> subprocess.CompletedPr
         ("standalone", {"lanes": 4, "kvBlocks": 5, "prefixCache": True}, "decode.kvBlocks must be >= decode.lanes + 2"),
         ("decode", {"localPrefill": False}, "remote-only prefill needs a prefill worker"),
         ("standalone", {"lanes": "many"}, "valid integer"),
+        ("decode", {"backend": "rngd", "prefixCache": False},
+         "backend 'rngd' cannot run the decode role (it takes atom, cpu); rngd runs prefill only"),
+        ("standalone", {"backend": "rngd", "prefixCache": False}, "backend 'rngd' cannot run the standalone role"),
+        ("prefill", {"backend": "rngd"}, "backend rngd runs prefill workers, which run without a prefix cache"),
     ],
 )
 def test_bad_settings_stop_the_process_before_the_model_loads(tmp_path: Path, role: str, settings: dict,

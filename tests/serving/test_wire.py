@@ -65,7 +65,9 @@ def _patch_header(data: bytes, **fields: object) -> bytes:
         (lambda b: _patch_header(b, request_id="someone-else"), "request_id"),
         (lambda b: _patch_header(b, token_ids=[1, 2, 3]), "token_ids"),
         (lambda b: _patch_header(b, k_shape=[L, H, 4, D]), "k_shape"),
-        (lambda b: _patch_header(b, dtype="float16"), "dtype"),
+        (lambda b: _patch_header(b, dtype="float16"), "dtype is 'float16' but this decode engine runs 'float32'"),
+        (lambda b: _patch_header(b, kv_layout="tokens,layers,kv_heads,head_dim"),
+         "kv_layout is 'tokens,layers,kv_heads,head_dim' but this decode engine reads 'layers,kv_heads,tokens"),
         (lambda b: _patch_header(b, payload_bytes=1), "payload_bytes"),
         (lambda b: struct.pack("<4sBBII", b"ATKV", 1, 0, 1 << 30, 0), "exceeds"),
     ],
@@ -74,6 +76,25 @@ async def test_damaged_frames_are_refused(damage, needle: str) -> None:  # noqa:
     ship = shipment()
     with pytest.raises(CorruptTransfer, match=needle):
         await read(damage(frame_bytes(ship)), expect(ship))
+
+
+async def test_a_frame_of_another_dtype_is_refused_not_converted() -> None:
+    ship = shipment(dtype=torch.bfloat16)  # e.g. a bfloat16 prefill worker feeding a float32 decode pod
+    with pytest.raises(CorruptTransfer, match="prefill and decode must run the same model dtype"):
+        await read(frame_bytes(ship), expect(ship, dtype=torch.float32))
+
+
+async def test_a_frame_without_kv_layout_has_the_first_layout() -> None:
+    import json
+
+    ship = shipment()
+    data = frame_bytes(ship)
+    n = PREFIX.unpack(data[: PREFIX.size])[3]
+    header = json.loads(data[PREFIX.size : PREFIX.size + n])
+    assert header.pop("kv_layout") == "layers,kv_heads,tokens,head_dim"
+    raw = json.dumps(header).encode()
+    old = PREFIX.pack(b"ATKV", 1, 0, len(raw), zlib.crc32(raw)) + raw + data[PREFIX.size + n :]
+    assert torch.equal((await read(old, expect(ship))).k, ship.k)
 
 
 async def test_truncated_frame_is_an_error() -> None:

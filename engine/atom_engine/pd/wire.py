@@ -1,8 +1,8 @@
 """The KV wire format: one frame per shipment, streamed as an HTTP response body.
 
     prefix   14 bytes   b"ATKV" | version u8 | flags u8 (0) | header_len u32 LE | header_crc32 u32 LE
-    header   JSON       request_id, start, token_ids, dtype, k_shape, v_shape, logits_dtype, logits_shape,
-                        payload_bytes, payload_crc32; prompt_logprobs when the decode side asked for them
+    header   JSON       request_id, start, token_ids, dtype, kv_layout, k_shape, v_shape, logits_dtype,
+                        logits_shape, payload_bytes, payload_crc32; prompt_logprobs when the decode side asked for them
     payload  raw bytes  K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], C order, little endian
 
 ``n == len(token_ids)``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not
@@ -13,6 +13,11 @@ what it asked for before it reads the payload, and the checksum after: a frame t
 A request with prompt logprobs (echo) gets them in the header, one per token of ``token_ids`` (``null`` for the
 prompt's first), each ``[token, logprob, rank, [[token, logprob], ...]]``; JSON floats round-trip exactly, so
 they equal the ones a local prefill computes.
+
+Prefill and decode may run on different NPUs, images and torch versions (an rngd prefill worker feeding an atom
+or cpu decode pod): the header names the KV's dtype and axis order (``kv_layout``), and a frame whose dtype or
+layout is not the decode side's is refused with both named, never converted (a silent cast would change the
+tokens). A frame without ``kv_layout`` (an older sender) has the only layout there was, :data:`KV_LAYOUT`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ PREFIX = struct.Struct("<4sBBII")
 HEADER_MAX = 4 << 20  # token ids of a 32k prompt as JSON fit easily
 READ_PIECE = 1 << 20
 
+KV_LAYOUT = "layers,kv_heads,tokens,head_dim"  # the axis order of K and V in the payload
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -88,7 +94,8 @@ def encode(ship: Shipment) -> tuple[bytes, list[memoryview]]:
         crc = zlib.crc32(p, crc)
     header = json.dumps({
         "request_id": ship.request_id, "start": ship.start, "token_ids": ship.token_ids,
-        "dtype": DTYPE_NAMES[ship.k.dtype], "k_shape": list(ship.k.shape), "v_shape": list(ship.v.shape),
+        "dtype": DTYPE_NAMES[ship.k.dtype], "kv_layout": KV_LAYOUT, "k_shape": list(ship.k.shape),
+        "v_shape": list(ship.v.shape),
         "logits_dtype": "float32", "logits_shape": list(ship.logits.shape),
         "payload_bytes": sum(p.nbytes for p in parts), "payload_crc32": crc,
         **({} if ship.prompt_logprobs is None else {"prompt_logprobs": [_lp_out(e) for e in ship.prompt_logprobs]}),
@@ -121,10 +128,17 @@ async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Ex
     except ValueError as exc:
         raise CorruptTransfer(f"KV frame header is not JSON: {exc}") from exc
     n = len(expect.token_ids)
+    dtype = DTYPE_NAMES[expect.dtype]
+    if h.get("dtype") != dtype:
+        raise CorruptTransfer(f"KV frame dtype is {h.get('dtype')!r} but this decode engine runs {dtype!r}: prefill"
+                              " and decode must run the same model dtype (spec.model.dtype)")
+    if h.get("kv_layout", KV_LAYOUT) != KV_LAYOUT:
+        raise CorruptTransfer(f"KV frame kv_layout is {h.get('kv_layout')!r} but this decode engine reads"
+                              f" {KV_LAYOUT!r}")
     kv_shape = [expect.layers, expect.kv_heads, n, expect.head_dim]
     want = {
         "request_id": expect.request_id, "start": expect.start, "token_ids": expect.token_ids,
-        "dtype": DTYPE_NAMES[expect.dtype], "k_shape": kv_shape, "v_shape": kv_shape,
+        "k_shape": kv_shape, "v_shape": kv_shape,
         "logits_dtype": "float32", "logits_shape": [expect.vocab],
     }
     for key, value in want.items():

@@ -11,9 +11,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom_engine.api import AtomDeploymentSpec, npu_demand, problems
+from atom_engine.api import AtomDeploymentSpec, NpuProfile, npu_demand, problems
 from atom_engine.api.kube import depth
-from atom_engine.api.spec import NPU_RESOURCES
+from atom_engine.api.npu import DEFAULT_PROFILE, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
 # nothing downstream, pydantic or kopf's diffing, gets near Python's recursion limit.
@@ -36,10 +36,12 @@ def review(
     old: Any = None,
     allocatable: Mapping[str, int] | None = None,
     claims: Collection[str] | None = None,
+    profile: NpuProfile = DEFAULT_PROFILE,
 ) -> Verdict:
     """Review a CREATE (``old`` None) or UPDATE of ``obj``, both dicts as the API server sends them.
 
-    ``allocatable`` maps an NPU resource to the cluster's total allocatable (None: unknown, no warning);
+    ``allocatable`` maps the vendors' NPU resources to the cluster's total allocatable (None: unknown, no warning);
+    ``profile`` names the resources this cluster's pods request;
     ``claims`` holds the PersistentVolumeClaim names of the object's namespace (None: unknown).
     """
     if not isinstance(obj, Mapping):
@@ -53,25 +55,41 @@ def review(
     if isinstance(old, Mapping) and old.get("spec") == obj.get("spec"):
         return Verdict()
     spec = AtomDeploymentSpec.model_validate(obj["spec"])
-    return Verdict(warnings=[*npu_warnings(spec, allocatable), *volume_warnings(spec, obj, claims)])
+    return Verdict(warnings=[*npu_warnings(spec, allocatable, profile), *volume_warnings(spec, obj, claims)])
 
 
-def npu_warnings(spec: AtomDeploymentSpec, allocatable: Mapping[str, int] | None) -> list[str]:
+def npu_warnings(
+    spec: AtomDeploymentSpec, allocatable: Mapping[str, int] | None, profile: NpuProfile = DEFAULT_PROFILE
+) -> list[str]:
     if allocatable is None:
         return []
     out = []
-    for resource, need in npu_demand(spec).items():
+    for resource, need in npu_demand(spec, profile).items():
         have = allocatable.get(resource, 0)
         if need > have:
             roles = ", ".join(
                 f"{name} {r.replicas} × {r.npus_per_replica}"
                 for name, r in (("decode", spec.decode), ("prefill", spec.prefill))
-                if NPU_RESOURCES.get(r.backend) == resource and r.replicas
+                if profile.resource(r.backend) == resource and r.replicas
             )
             out.append(
                 f"needs {need} {resource}, cluster has {have} allocatable ({roles}); pods that do not fit stay Pending"
+                + _other_names(resource, allocatable)
             )
     return out
+
+
+def _other_names(resource: str, allocatable: Mapping[str, int]) -> str:
+    """The same vendor's NPUs advertised under other names: most likely the profile names the wrong scheme."""
+    domain = resource.split("/", 1)[0]
+    others = {r: n for r, n in allocatable.items() if r != resource and r.split("/", 1)[0] == domain and n > 0}
+    if not others:
+        return ""
+    listed = ", ".join(f"{r}: {n}" for r, n in sorted(others.items()))
+    return (
+        f"; the nodes advertise {listed}: if those are the NPUs meant, set the operator's NPU profile to that"
+        " name (chart value npu.<backend>.resource)"
+    )
 
 
 def volume_warnings(spec: AtomDeploymentSpec, obj: Mapping[str, Any], claims: Collection[str] | None) -> list[str]:
@@ -88,15 +106,9 @@ def volume_warnings(spec: AtomDeploymentSpec, obj: Mapping[str, Any], claims: Co
 
 
 def node_npus(allocatable: Mapping[str, Any]) -> dict[str, int]:
-    """The NPU resources of one node's ``status.allocatable`` (extended resources are whole numbers)."""
-    out = {}
-    for resource in NPU_RESOURCES.values():
-        value = allocatable.get(resource)
-        try:
-            out[resource] = int(str(value))
-        except ValueError:
-            continue
-    return out
+    """The NPU resources of one node's ``status.allocatable``: every name under the vendors' domains, so the
+    warning can tell a profile naming one scheme from nodes advertising another."""
+    return vendor_resources(allocatable)
 
 
 def total(per_node: Iterable[Mapping[str, int]]) -> dict[str, int]:

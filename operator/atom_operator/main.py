@@ -73,7 +73,7 @@ def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) ->
 
 @kopf.index("nodes")
 def npu_allocatable(status: kopf.Status, **_: Any) -> dict[str, int]:
-    """NPU resource -> allocatable count, per node; the webhook sums it (watched, never polled)."""
+    """The vendors' NPU resources -> allocatable count, per node; the webhook sums it (watched, never polled)."""
     return admission.node_npus(status.get("allocatable") or {})
 
 
@@ -89,6 +89,7 @@ def validate(
     warnings: list[str],
     npu_allocatable: kopf.Index[str, int],
     claims: kopf.Index[str, str],
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     verdict = admission.review(
@@ -96,6 +97,7 @@ def validate(
         old=dict(old) if old is not None else None,
         allocatable=admission.total([{r: sum(npu_allocatable.get(r, []))} for r in npu_allocatable]),
         claims=set(claims.get(namespace, [])) if namespace else None,
+        profile=memo.runtime.controller.defaults.npu,
     )
     warnings.extend(verdict.warnings)
     if not verdict.allowed:

@@ -85,9 +85,8 @@ async def reconcile(
             "",
         )
     old = body.get("status") or {}
-    new = status.compute(
-        owner, body["metadata"].get("generation", 0), deployments, hashes, list(observed.pods.values()), old, now()
-    )
+    generation, pods = body["metadata"].get("generation", 0), list(observed.pods.values())
+    new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu)
     if _same(new, old):
         return Outcome(changes, None)
     try:

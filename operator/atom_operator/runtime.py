@@ -2,6 +2,8 @@
 
 Environment:
   ATOM_ENGINE_IMAGE, ATOM_ENGINE_IMAGE_PULL_POLICY  what spec.image / spec.imagePullPolicy default to.
+  ATOM_NPU_PROFILE         this cluster's NPU resource names and node selectors, as JSON (the chart's `npu` value;
+                           see atom_engine.api.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
   ATOM_RECONCILE_WORKERS   AtomDeployments reconciled at once (default 16; a worker mostly waits on the API
                            server, so this bounds the operator's requests in flight, not its CPU).
   ATOM_METRICS_ADDR/PORT   where /metrics and /healthz are served (default 0.0.0.0:8080; port 0: not served).
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp.web
 import kopf
+from atom_engine.api import NpuProfile
 
 from atom_operator import metrics
 from atom_operator.children import Defaults
@@ -37,6 +40,7 @@ class Config:
             defaults=Defaults(
                 image=env.get("ATOM_ENGINE_IMAGE") or base.image,
                 image_pull_policy=env.get("ATOM_ENGINE_IMAGE_PULL_POLICY") or base.image_pull_policy,
+                npu=NpuProfile.parse(env.get("ATOM_NPU_PROFILE")),
             ),
             workers=int(env.get("ATOM_RECONCILE_WORKERS", "16")),
             metrics_addr=env.get("ATOM_METRICS_ADDR", "0.0.0.0"),

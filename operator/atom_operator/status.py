@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atom_engine.api.spec import NPU_RESOURCES
+from atom_engine.api import NpuProfile
+from atom_engine.api.npu import DEFAULT_PROFILE
 
 from atom_operator.children import Owner, endpoint
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, selector_string
@@ -60,14 +61,16 @@ def rolled_out(deployment: dict[str, Any] | None, desired: int, applied_hash: st
     )
 
 
-def pending_message(owner: Owner, role: Role, pods: list[PodView]) -> str | None:
-    """E.g. "decode: 2 of 3 pods Pending: insufficient rebellions.ai/ATOM (each needs 4)"."""
+def pending_message(
+    owner: Owner, role: Role, pods: list[PodView], profile: NpuProfile = DEFAULT_PROFILE
+) -> str | None:
+    """E.g. "decode: 2 of 3 pods Pending: insufficient rebellions.ai/npu (each needs 4)"."""
     mine = [p for p in pods if p.role == role]
     stuck = [p for p in mine if p.pending and p.unschedulable]
     if not stuck:
         return None
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
-    npu = NPU_RESOURCES.get(spec.backend)
+    npu = profile.resource(spec.backend)
     short = sorted({r for p in stuck for r in _INSUFFICIENT.findall(p.unschedulable or "")})
     if short:
         why = ", ".join(
@@ -103,6 +106,7 @@ def compute(
     pods: list[PodView],
     old: dict[str, Any] | None,
     now: str,
+    profile: NpuProfile = DEFAULT_PROFILE,
 ) -> dict[str, Any]:
     """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions."""
     roles: list[Role] = [r for r in ROLES if r == "decode" or owner.spec.prefill.replicas > 0]
@@ -120,7 +124,7 @@ def compute(
             progress.append(
                 f"{role}: {counts['updatedReplicas']} of {desired} pods updated, {counts['readyReplicas']} ready"
             )
-        message = pending_message(owner, role, pods)
+        message = pending_message(owner, role, pods, profile)
         if message:
             degraded.append(message)
         for c in (deployments.get(role) or {}).get("status", {}).get("conditions") or []:

@@ -130,12 +130,12 @@ def test_scale_subresource_scales_decode(crds, crd_ns: str) -> None:
 
 def test_webhook_warns_when_the_cluster_lacks_npus(crds, hook_ns: str) -> None:
     nodes = crds.get("nodes")["items"]
-    have = sum(int(n["status"].get("allocatable", {}).get("rebellions.ai/ATOM", 0)) for n in nodes)
+    have = sum(int(n["status"].get("allocatable", {}).get("rebellions.ai/npu", 0)) for n in nodes)
     need = have + 4
     manifest = Case("too-big", spec({"replicas": need // 4, "npusPerReplica": 4})).manifest(REAL, hook_ns)
     out = _apply(crds, manifest)
     assert out.returncode == 0, out.stderr
-    assert f"Warning: needs {need} rebellions.ai/ATOM, cluster has {have} allocatable" in out.stderr
+    assert f"Warning: needs {need} rebellions.ai/npu, cluster has {have} allocatable" in out.stderr
 
 
 def test_webhook_warns_about_a_missing_claim(crds, hook_ns: str) -> None:

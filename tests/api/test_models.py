@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from atom_engine import limits
-from atom_engine.api import AtomDeployment, AtomDeploymentSpec, engine_settings, problems
+from atom_engine.api import AtomDeployment, AtomDeploymentSpec, NpuProfile, engine_settings, npu_demand, problems
 from atom_engine.api.crd import DEFAULT_PATH, render
 from atom_engine.settings import EngineSettings
 from atom_operator import admission
@@ -122,17 +122,17 @@ def _obj(spec_: dict, namespace: str = "ns") -> dict:
 
 def test_review_warns_when_the_cluster_lacks_npus() -> None:
     verdict = admission.review(
-        _obj(spec({"replicas": 3, "npusPerReplica": 4})), allocatable={"rebellions.ai/ATOM": 8}, claims=set()
+        _obj(spec({"replicas": 3, "npusPerReplica": 4})), allocatable={"rebellions.ai/npu": 8}, claims=set()
     )
     assert verdict.allowed
-    assert (
-        len(verdict.warnings) == 1 and "needs 12 rebellions.ai/ATOM, cluster has 8 allocatable" in verdict.warnings[0]
-    )
+    assert verdict.warnings == [
+        "needs 12 rebellions.ai/npu, cluster has 8 allocatable (decode 3 × 4); pods that do not fit stay Pending"
+    ]
 
 
 def test_review_counts_prefill_npus_of_their_own_family() -> None:
     s = spec({"replicas": 1}, {"replicas": 3, "backend": "rngd", "npusPerReplica": 1})
-    verdict = admission.review(_obj(s), allocatable={"rebellions.ai/ATOM": 8, "furiosa.ai/rngd": 2})
+    verdict = admission.review(_obj(s), allocatable={"rebellions.ai/npu": 8, "furiosa.ai/rngd": 2})
     assert verdict.warnings == [
         "needs 3 furiosa.ai/rngd, cluster has 2 allocatable (prefill 3 × 1); pods that do not fit stay Pending"
     ]
@@ -140,7 +140,7 @@ def test_review_counts_prefill_npus_of_their_own_family() -> None:
 
 def test_review_is_quiet_when_npus_suffice_or_are_unknown() -> None:
     s = spec({"replicas": 2, "npusPerReplica": 4})
-    assert admission.review(_obj(s), allocatable={"rebellions.ai/ATOM": 8}).warnings == []
+    assert admission.review(_obj(s), allocatable={"rebellions.ai/npu": 8}).warnings == []
     assert admission.review(_obj(s), allocatable=None).warnings == []
 
 
@@ -157,7 +157,7 @@ def test_review_warns_about_a_missing_volume_claim() -> None:
 
 def test_review_of_an_update_that_leaves_the_spec_alone_has_no_warnings() -> None:
     obj = _obj(spec({"replicas": 3, "npusPerReplica": 4}))
-    assert admission.review(obj, old=obj, allocatable={"rebellions.ai/ATOM": 0}).warnings == []
+    assert admission.review(obj, old=obj, allocatable={"rebellions.ai/npu": 0}).warnings == []
 
 
 def test_review_refuses_an_update_that_breaks_a_rule() -> None:
@@ -199,7 +199,49 @@ def test_review_of_a_huge_value_is_a_refusal() -> None:
     ]
 
 
-def test_node_npus_reads_extended_resources_only() -> None:
-    assert admission.node_npus({"cpu": "16", "rebellions.ai/ATOM": "4", "furiosa.ai/rngd": "bad"}) == {
-        "rebellions.ai/ATOM": 4
+def test_node_npus_reads_the_vendors_extended_resources_only() -> None:
+    allocatable = {
+        "cpu": "16",
+        "rebellions.ai/ATOM": "4",
+        "rebellions.ai/npu": "2",
+        "furiosa.ai/rngd": "bad",
+        "furiosa.ai/rngd-2core.12gb": "4",
+        "example.com/gpu": "1",
     }
+    assert admission.node_npus(allocatable) == {
+        "rebellions.ai/ATOM": 4,
+        "rebellions.ai/npu": 2,
+        "furiosa.ai/rngd-2core.12gb": 4,
+    }
+
+
+def test_a_profile_naming_the_other_atom_scheme_gets_a_hint_with_the_advertised_name() -> None:
+    # A legacy cluster (generic names off) and an operator left at the default profile: every pod would stay
+    # Pending, and the warning says which name the nodes do advertise.
+    verdict = admission.review(_obj(spec({"replicas": 1})), allocatable={"rebellions.ai/ATOM": 8})
+    assert verdict.warnings == [
+        "needs 1 rebellions.ai/npu, cluster has 0 allocatable (decode 1 × 1); pods that do not fit stay Pending;"
+        " the nodes advertise rebellions.ai/ATOM: 8: if those are the NPUs meant, set the operator's NPU profile to"
+        " that name (chart value npu.<backend>.resource)"
+    ]
+    legacy = NpuProfile(atom={"resource": "rebellions.ai/ATOM"})
+    assert (
+        admission.review(_obj(spec({"replicas": 1})), allocatable={"rebellions.ai/ATOM": 8}, profile=legacy).warnings
+        == []
+    )
+
+
+def test_the_rngd_demand_is_counted_under_a_partitioned_name() -> None:
+    profile = NpuProfile(rngd={"resource": "furiosa.ai/rngd-2core.12gb"})
+    s = spec({"replicas": 1}, {"replicas": 3, "backend": "rngd", "npusPerReplica": 2})
+    assert npu_demand(AtomDeploymentSpec.model_validate(s), profile) == {
+        "rebellions.ai/npu": 1,
+        "furiosa.ai/rngd-2core.12gb": 6,
+    }
+    verdict = admission.review(
+        _obj(s), allocatable={"rebellions.ai/npu": 8, "furiosa.ai/rngd-2core.12gb": 4}, profile=profile
+    )
+    assert verdict.warnings == [
+        "needs 6 furiosa.ai/rngd-2core.12gb, cluster has 4 allocatable (prefill 3 × 2); pods that do not fit stay"
+        " Pending"
+    ]

@@ -20,8 +20,10 @@ import atom_operator.main  # noqa: F401 - registers kopf's handlers, which tell 
 import kopf
 import pytest
 import yaml
+from atom_engine.api import NpuProfile
 from atom_engine.api.crd import CHART_PATH, CRD_NAME, DEFAULT_PATH, render
-from atom_operator import kube, webhook
+from atom_engine.api.npu import RESOURCE_PATTERNS
+from atom_operator import kube, runtime, webhook
 from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
 from atom_operator.reconcile import Observed, reconcile
@@ -212,6 +214,27 @@ def test_engine_image_and_pull_policy_reach_the_operator(tmp_path: Path) -> None
     assert env["ATOM_ENGINE_IMAGE_PULL_POLICY"] == "Always"
 
 
+def test_the_npu_profile_values_reach_the_operator_as_its_one_setting(tmp_path: Path) -> None:
+    def profile_of(values: dict) -> NpuProfile:
+        docs = render_chart(tmp_path, "ops", values)
+        container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return runtime.Config.from_env(env).defaults.npu
+
+    assert profile_of({}) == NpuProfile()  # the chart's defaults are the operator's
+    legacy = {"atom": {"resource": "rebellions.ai/ATOM", "nodeSelector": {"rebellions.ai/npu.present": "true"}}}
+    partitioned = {
+        "rngd": {"resource": "furiosa.ai/rngd-2core.12gb", "nodeSelector": {"furiosa.ai/npu.family": "rngd"}}
+    }
+    got = profile_of({"npu": {**legacy, **partitioned}})
+    assert (got.resource("atom"), got.resource("rngd")) == ("rebellions.ai/ATOM", "furiosa.ai/rngd-2core.12gb")
+
+
+def test_the_schemas_resource_names_are_the_profiles() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["npu"]["properties"]
+    assert {b: schema[b]["properties"]["resource"]["pattern"] for b in schema} == RESOURCE_PATTERNS
+
+
 def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
     def env_of(values: dict) -> dict[str, str]:
         docs = render_chart(tmp_path, "ops", values)
@@ -233,6 +256,8 @@ def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
         ("engine.image.pullPolicy=always", "at '/engine/image/pullPolicy': value must be one of"),
         ("webhook.failurePolicy=Maybe", "at '/webhook/failurePolicy'"),
         ("replica=1", "additional properties 'replica' not allowed"),
+        ("npu.atom.resource=rebellions.ai/atom", "at '/npu/atom/resource'"),
+        ("npu.rngd.resource=furiosa.ai/npu", "at '/npu/rngd/resource'"),
     ],
 )
 def test_wrong_value_fails_install_with_schema_message(cluster, namespace: str, value: str, message: str) -> None:

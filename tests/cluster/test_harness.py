@@ -31,7 +31,7 @@ def deployment(name: str, namespace: str, atom: int, replicas: int = 1) -> dict:
                         {
                             "name": "c",
                             "image": "example.invalid/none:0",  # kwok runs nothing, so no image is pulled
-                            "resources": {"limits": {"rebellions.ai/ATOM": str(atom)}},
+                            "resources": {"limits": {"rebellions.ai/npu": str(atom)}},
                         }
                     ],
                 },
@@ -40,16 +40,28 @@ def deployment(name: str, namespace: str, atom: int, replicas: int = 1) -> dict:
     }
 
 
-def test_nodes_advertise_npus_with_labels(cluster: Cluster) -> None:
+def test_nodes_advertise_npus_under_both_atom_schemes_with_the_vendors_labels(cluster: Cluster) -> None:
     nodes = {n["metadata"]["name"]: n for n in cluster.get("nodes")["items"]}
     atom = [n for n in nodes.values() if n["metadata"]["labels"].get("rebellions.ai/npu.present") == "true"]
-    rngd = [n for n in nodes.values() if n["metadata"]["labels"].get("furiosa.ai/npu.present") == "true"]
-    assert len(atom) >= 2 and len(rngd) >= 1
+    rngd = [n for n in nodes.values() if n["metadata"]["labels"].get("furiosa.ai/npu.family") == "rngd"]
+    generic = [n for n in atom if "rebellions.ai/npu" in n["status"]["allocatable"]]
+    legacy = [n for n in atom if "rebellions.ai/ATOM" in n["status"]["allocatable"]]
+    assert len(generic) >= 2 and len(legacy) >= 1 and len(rngd) >= 1
+    assert not [n for n in generic if n in legacy], "a node advertises one scheme, never both"
     for n in atom:
-        assert n["status"]["allocatable"]["rebellions.ai/ATOM"] == "4"
-        assert n["metadata"]["labels"]["rebellions.ai/npu.family"] == "ATOM"
-        assert n["metadata"]["labels"]["rebellions.ai/npu.product"] == "RBLN-CA22"
-    assert rngd[0]["status"]["allocatable"]["furiosa.ai/rngd"] == "2"
+        labels = n["metadata"]["labels"]
+        assert labels["rebellions.ai/npu.family"] == "ATOM"
+        assert labels["rebellions.ai/npu.product"] == "RBLN-CA22"
+        assert labels["rebellions.ai/npu.count"] == "4"
+        npus = {k: v for k, v in n["status"]["allocatable"].items() if k.startswith("rebellions.ai/")}
+        assert list(npus.values()) == ["4"], npus
+    for n in rngd:
+        labels = n["metadata"]["labels"]
+        npus = {k: v for k, v in n["status"]["allocatable"].items() if k.startswith("furiosa.ai/rngd")}
+        assert len(npus) == 1, npus
+        assert labels["furiosa.ai/npu.product"] in ("rngd", "rngd-s", "rngd-max")
+        assert labels["furiosa.ai/npu.count"] == "2" and labels["furiosa.ai/driver.version"]
+        assert "furiosa.ai/npu.present" not in labels  # Furiosa's feature discovery writes no such label
     for n in nodes.values():
         ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True", n["metadata"]["name"]
@@ -77,7 +89,7 @@ def test_pod_needing_more_npus_than_any_node_stays_pending(cluster: Cluster, nam
         return [e["message"] for e in events]
 
     messages = wait_for(failed_scheduling, what="a FailedScheduling event")
-    assert any("Insufficient rebellions.ai/ATOM" in m for m in messages), messages
+    assert any("Insufficient rebellions.ai/npu" in m for m in messages), messages
     pods = cluster.get("-n", namespace, "pods")["items"]
     assert [p["status"]["phase"] for p in pods] == ["Pending"]
 

@@ -17,20 +17,31 @@ from pathlib import Path
 from tests.harness.cluster import Cluster, HarnessError, kill_pids
 
 STATE_DIR = Path(os.environ.get("ATOM_CLUSTER_DIR") or Path.home() / ".cache" / "atom" / "cluster")
+# The NPU resources under both ATOM naming schemes and RNGD's, and the labels the vendors' feature discovery writes.
 NODE_COLUMNS = ",".join(
     (
         "NAME:.metadata.name",
         "READY:.status.conditions[?(@.type=='Ready')].status",
+        "rebellions.ai/npu:.status.allocatable.rebellions\\.ai/npu",
         "rebellions.ai/ATOM:.status.allocatable.rebellions\\.ai/ATOM",
         "furiosa.ai/rngd:.status.allocatable.furiosa\\.ai/rngd",
-        "ATOM-PRODUCT:.metadata.labels.rebellions\\.ai/npu\\.product",
-        "RNGD-PRODUCT:.metadata.labels.furiosa\\.ai/npu\\.product",
     )
+)
+LABEL_COLUMNS = (
+    "rebellions.ai/npu.present",
+    "rebellions.ai/npu.family",
+    "rebellions.ai/npu.product",
+    "rebellions.ai/npu.count",
+    "furiosa.ai/npu.family",
+    "furiosa.ai/npu.product",
+    "furiosa.ai/npu.count",
 )
 
 
 def print_nodes(cluster: Cluster) -> None:
     print(cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}").stdout, end="")
+    # kubectl get nodes -L: every vendor label as its own column, exactly as the scheduler matches them.
+    print(cluster.kubectl("get", "nodes", "-L", ",".join(LABEL_COLUMNS)).stdout, end="")
 
 
 def up(real_node: bool = False) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from atom_engine.api import npu
 
 from tests.harness import pki, tools
 
@@ -63,27 +64,57 @@ class FakeNode:
         }
 
 
-def atom_node(name: str, npus: int = 4) -> FakeNode:
+def atom_node(name: str, npus: int = 4, resource: str = npu.RBLN_GENERIC_RESOURCE) -> FakeNode:
+    """An ATOM node as RBLN's feature discovery labels it and its device plugin advertises it: the generic name
+    ``rebellions.ai/npu`` by default (useGenericResourceName on), ``rebellions.ai/ATOM`` on a legacy cluster."""
+    # Labels: RBLN-SW/rbln-npu-feature-discovery internal/collector/collector.go toPlainText (family from the
+    # product: familyFromProduct, RBLN-CA* -> ATOM); see atom_engine.api.npu.
     return FakeNode(
         name,
         {
-            "rebellions.ai/npu.present": "true",
-            "rebellions.ai/npu.family": "ATOM",
-            "rebellions.ai/npu.product": "RBLN-CA22",
+            npu.RBLN_PRESENT_LABEL: "true",
+            npu.RBLN_COUNT_LABEL: str(npus),
+            npu.RBLN_FAMILY_LABEL: "ATOM",
+            npu.RBLN_PRODUCT_LABEL: "RBLN-CA22",
+            "rebellions.ai/driver-version.full": "1.2.92",
+            "rebellions.ai/driver-version.major": "1",
+            "rebellions.ai/driver-version.minor": "2",
+            "rebellions.ai/driver-version.patch": "92",
         },
-        {"rebellions.ai/ATOM": str(npus)},
+        {resource: str(npus)},
     )
 
 
-def rngd_node(name: str, npus: int = 2) -> FakeNode:
+def legacy_atom_node(name: str, npus: int = 4) -> FakeNode:
+    """An ATOM node of a cluster whose device plugin runs with generic names off: ``rebellions.ai/ATOM``."""
+    return atom_node(name, npus, npu.RBLN_ATOM_RESOURCE)
+
+
+def rngd_node(name: str, npus: int = 2, resource: str = npu.RNGD_RESOURCE, product: str = "rngd") -> FakeNode:
+    """An RNGD node as Furiosa's feature discovery labels it (no ``npu.present`` label exists) and its device
+    plugin advertises it (``furiosa.ai/rngd``, or a partition name such as ``furiosa.ai/rngd-2core.12gb``)."""
+    # Labels: furiosa-ai/furiosa-feature-discovery src/npu.rs to_labels and src/furiosa-feature-discovery.rs
+    # extract_labels (npu.count); see atom_engine.api.npu.
     return FakeNode(
         name,
-        {"furiosa.ai/npu.present": "true", "furiosa.ai/npu.family": "RNGD", "furiosa.ai/npu.product": "RNGD"},
-        {"furiosa.ai/rngd": str(npus)},
+        {
+            npu.RNGD_FAMILY_LABEL: npu.RNGD_FAMILY,
+            npu.RNGD_PRODUCT_LABEL: product,
+            npu.RNGD_COUNT_LABEL: str(npus),
+            npu.RNGD_DRIVER_LABEL: "2025.3.0",
+            f"{npu.RNGD_DRIVER_LABEL}.major": "2025",
+            f"{npu.RNGD_DRIVER_LABEL}.minor": "3",
+            f"{npu.RNGD_DRIVER_LABEL}.patch": "0",
+            f"{npu.RNGD_DRIVER_LABEL}.metadata": "",
+            f"{npu.RNGD_DRIVER_LABEL}.prerelease": "",
+        },
+        {resource: str(npus)},
     )
 
 
-DEFAULT_NODES = (atom_node("atom-0"), atom_node("atom-1"), rngd_node("rngd-0"))
+# A default-named cluster's ATOM nodes, one legacy-named ATOM node (tests of a cluster with generic names off
+# point the operator at it), and an RNGD node.
+DEFAULT_NODES = (atom_node("atom-0"), atom_node("atom-1"), legacy_atom_node("atom-legacy-0"), rngd_node("rngd-0"))
 
 
 def free_port() -> int:
@@ -529,4 +560,3 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-

@@ -44,7 +44,7 @@ NPU_LABELS = {
     "rebellions.ai/npu.family": "ATOM",
     "rebellions.ai/npu.product": "RBLN-CA22",
 }
-NPU_RESOURCE = "rebellions.ai/ATOM"
+NPU_RESOURCE = "rebellions.ai/npu"  # the RBLN device plugin's default (generic names on; atom_engine.api.npu)
 LOCK_FILE = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom")) / "realnode.lock"
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni caches ADD results here whatever the conf dir
 SHIM_SOCKETS = Path("/run/containerd/s")  # containerd 1.6 puts shim sockets here, named by a hash (see below)

@@ -13,7 +13,7 @@ from tests.operator.process import OperatorProcess
 NODES = [atom_node(f"atom-op-{i}", 4) for i in range(3)] + [rngd_node("rngd-op-0", 2)]
 # A node only the over-demand test selects: exactly 4 NPUs, so it knows how many pods fit.
 SMALL_POOL = "serving.atom.dev/test-pool"
-SMALL = FakeNode("atom-small-0", {**atom_node("x").labels, SMALL_POOL: "small"}, {"rebellions.ai/ATOM": "4"})
+SMALL = FakeNode("atom-small-0", {**atom_node("x").labels, SMALL_POOL: "small"}, atom_node("x").npus)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import yaml
-from atom_engine.api import AtomDeploymentSpec
+from atom_engine.api import AtomDeploymentSpec, NpuProfile
 from atom_engine.settings import EngineSettings
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, CONFIG_HASH, DEPLOYMENT_LABEL
@@ -94,7 +96,7 @@ def test_decode_pods_request_atom_npus_on_atom_nodes_with_the_users_placement() 
     }
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["resources"] == {"limits": {"memory": "16Gi", "rebellions.ai/ATOM": "4"}, "requests": {"cpu": "2"}}
+    assert c["resources"] == {"limits": {"memory": "16Gi", "rebellions.ai/npu": "4"}, "requests": {"cpu": "2"}}
     assert pod["nodeSelector"] == {"pool": "llm", "rebellions.ai/npu.present": "true"}
     assert pod["tolerations"] == [{"key": "npu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["affinity"] == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
@@ -137,7 +139,7 @@ def test_rngd_prefill_requests_rngd_on_rngd_nodes_and_runs_the_prefill_role() ->
     pod = dep["spec"]["template"]["spec"]
     assert dep["spec"]["replicas"] == 1
     assert pod["containers"][0]["resources"] == {"limits": {"furiosa.ai/rngd": "2"}}
-    assert pod["nodeSelector"] == {"furiosa.ai/npu.present": "true"}
+    assert pod["nodeSelector"] == {"furiosa.ai/npu.family": "rngd"}
     assert pod["containers"][0]["command"][2:4] == ["--role", "prefill"]
 
 
@@ -217,3 +219,22 @@ def test_the_grace_period_covers_the_engines_drain_and_finish() -> None:
 
 def test_building_is_deterministic() -> None:
     assert build_children(owner(**PD), DEFAULTS) == build_children(owner(**PD), DEFAULTS)
+
+
+LEGACY = NpuProfile(
+    atom={"resource": "rebellions.ai/ATOM", "nodeSelector": {"rebellions.ai/npu.present": "true"}},
+    rngd={"resource": "furiosa.ai/rngd-2core.12gb", "nodeSelector": {"furiosa.ai/npu.product": "rngd-max"}},
+)
+
+
+def test_pods_request_the_clusters_resource_names_and_select_its_labels() -> None:
+    kids = build_children(owner(**PD), replace(DEFAULTS, npu=LEGACY)).desired
+    pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in kids if c["kind"] == "Deployment"}
+    decode, prefill = pods["llm-decode"], pods["llm-prefill"]
+    assert decode["containers"][0]["resources"] == {"limits": {"rebellions.ai/ATOM": "4"}}
+    assert decode["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
+    assert prefill["containers"][0]["resources"] == {"limits": {"furiosa.ai/rngd-2core.12gb": "2"}}
+    assert prefill["nodeSelector"] == {"furiosa.ai/npu.product": "rngd-max"}
+    # The default profile names neither: one source of truth decides, nothing else spells a resource name.
+    default = by_kind(owner(**PD))[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
+    assert default["containers"][0]["resources"] == {"limits": {"rebellions.ai/npu": "4"}}

@@ -70,7 +70,7 @@ def test_quantities_compare_by_value() -> None:
 
 
 PENDING = (
-    "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient rebellions.ai/ATOM."
+    "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient rebellions.ai/npu."
     " preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
 )
 
@@ -80,7 +80,7 @@ def test_pending_pods_short_of_npus_are_reported_in_plain_words() -> None:
     pods = [PodView("decode", True, PENDING), PodView("decode", True, PENDING), PodView("decode", False, None)]
     assert (
         pending_message(o, "decode", pods)
-        == "decode: 2 of 3 pods Pending: insufficient rebellions.ai/ATOM (each needs 4)"
+        == "decode: 2 of 3 pods Pending: insufficient rebellions.ai/npu (each needs 4)"
     )
     assert pending_message(o, "prefill", pods) is None
 

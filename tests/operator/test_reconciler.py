@@ -83,11 +83,14 @@ def test_create_makes_every_child_exactly_and_pods_become_ready_on_atom_and_rngd
     for child in want:
         assert_subset(found[(child["kind"], child["metadata"]["name"])], child)
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in cluster.get("nodes")["items"]}
-    for component, family in (("decode", "rebellions.ai/npu.present"), ("prefill", "furiosa.ai/npu.present")):
+    for component, (label, value) in (
+        ("decode", ("rebellions.ai/npu.present", "true")),
+        ("prefill", ("furiosa.ai/npu.family", "rngd")),
+    ):
         running = pods(cluster, namespace, component)
         assert len(running) == spec[component]["replicas"]
         for p in running:
-            assert nodes[p["spec"]["nodeName"]].get(family) == "true"
+            assert nodes[p["spec"]["nodeName"]].get(label) == value
             assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
     assert obj["status"]["endpoint"] == f"http://llm.{namespace}.svc:8000/v1"
     assert obj["status"]["decode"] == {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "summary": "2/2"}
@@ -143,7 +146,7 @@ def test_kubectl_scale_scales_decode(cluster, op, namespace) -> None:
 def test_more_npus_than_the_nodes_have_is_degraded_with_the_shortfall(cluster, op, namespace) -> None:
     create(cluster, namespace, decode={"replicas": 3, "npusPerReplica": 4, "nodeSelector": {SMALL_POOL: "small"}})
 
-    shortfall = "decode: 2 of 3 pods Pending: insufficient rebellions.ai/ATOM (each needs 4)"
+    shortfall = "decode: 2 of 3 pods Pending: insufficient rebellions.ai/npu (each needs 4)"
 
     def degraded():
         obj = get(cluster, namespace)

@@ -4,6 +4,7 @@ The models are the spec: the CRD in ``crds/`` is generated from them (``python -
 admission webhook validates with them, and the engine's settings are rendered from them (:func:`engine_settings`).
 """
 
+from atom_engine.api.npu import NpuProfile, npu_demand
 from atom_engine.api.resource import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, AtomDeployment, Problem, problems
 from atom_engine.api.spec import (
     AtomDeploymentSpec,
@@ -12,7 +13,6 @@ from atom_engine.api.spec import (
     PrefillSpec,
     ServiceSpec,
     engine_settings,
-    npu_demand,
 )
 from atom_engine.api.status import AtomDeploymentStatus, Condition, RoleStatus
 
@@ -28,6 +28,7 @@ __all__ = [
     "Condition",
     "DecodeSpec",
     "ModelSpec",
+    "NpuProfile",
     "PrefillSpec",
     "Problem",
     "RoleStatus",

@@ -14,9 +14,6 @@ from atom_engine.settings import EngineSettings, Role
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields
 
-# Which extended resource a backend's pods request from the device plugin.
-NPU_RESOURCES = {"atom": "rebellions.ai/ATOM", "rngd": "furiosa.ai/rngd"}
-
 SOURCE_PATTERN = r"^(builtin:[a-z0-9][a-z0-9-]*|/.*)$"
 
 
@@ -73,7 +70,8 @@ class DecodeSpec(_Placement):
         1,
         ge=0,
         le=limits.NPUS_PER_REPLICA_MAX,
-        description="NPUs each decode pod requests (rebellions.ai/ATOM); >= 1 for atom, 0 for cpu.",
+        description="NPUs each decode pod requests, under the cluster's resource name for ATOM (the operator's NPU"
+        " profile: rebellions.ai/npu by default, rebellions.ai/ATOM with generic names off); >= 1 for atom, 0 for cpu.",
     )
     lanes: int = Field(
         _ENGINE["lanes"].default,
@@ -117,8 +115,9 @@ class PrefillSpec(_Placement):
         1,
         ge=0,
         le=limits.NPUS_PER_REPLICA_MAX,
-        description="NPUs each prefill pod requests (rebellions.ai/ATOM or furiosa.ai/rngd); >= 1 for NPU"
-        " backends, 0 for cpu.",
+        description="NPUs each prefill pod requests, under the cluster's resource name for its backend (the"
+        " operator's NPU profile: rebellions.ai/npu or rebellions.ai/ATOM; furiosa.ai/rngd or a partition such as"
+        " furiosa.ai/rngd-2core.12gb); >= 1 for NPU backends, 0 for cpu.",
     )
     prefetch_next: bool = Field(
         _ENGINE["prefetch_next"].default,
@@ -184,16 +183,6 @@ class AtomDeploymentSpec(Strict):
             prefill_npus=self.prefill.npus_per_replica,
             name=name,
         )
-
-
-def npu_demand(spec: AtomDeploymentSpec) -> dict[str, int]:
-    """Extended resource name -> NPUs all replicas of both roles request together."""
-    demand: dict[str, int] = {}
-    for role in (spec.decode, spec.prefill):
-        resource = NPU_RESOURCES.get(role.backend)
-        if resource and role.replicas and role.npus_per_replica:
-            demand[resource] = demand.get(resource, 0) + role.replicas * role.npus_per_replica
-    return demand
 
 
 # What a prefill worker compiles: one lane (its decode graph is never run) and one block beside the scratch block

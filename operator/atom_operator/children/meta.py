@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from atom_engine.api import GROUP, KIND, VERSION, AtomDeploymentSpec
+from atom_engine.api import GROUP, KIND, VERSION, AtomDeploymentSpec, NpuProfile
 from atom_engine.limits import CHILD_NAME_SUFFIXES
 
 Role = Literal["decode", "prefill"]
@@ -42,6 +42,7 @@ class Defaults:
 
     image: str = "ghcr.io/atom-dev/atom-engine:0.1.0"
     image_pull_policy: str = "IfNotPresent"
+    npu: NpuProfile = field(default_factory=NpuProfile)  # this cluster's NPU resource names and node labels
 
 
 def service_name(owner: Owner) -> str:

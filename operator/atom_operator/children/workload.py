@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from atom_engine.api.spec import NPU_RESOURCES
 from atom_engine.settings import EngineSettings
 
 from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
@@ -33,11 +32,6 @@ TERMINATION_GRACE_SECONDS = (
 SCRATCH_DIR = "/tmp"
 # A non-root uid/gid that exists in distroless-style images; the image must not need root.
 RUN_AS = 65532
-# The device plugins label the nodes that carry each NPU family.
-NPU_NODE_SELECTORS = {
-    "atom": {"rebellions.ai/npu.present": "true"},
-    "rngd": {"furiosa.ai/npu.present": "true"},
-}
 
 
 def engine_command(role: Role) -> list[str]:
@@ -56,7 +50,7 @@ def engine_command(role: Role) -> list[str]:
     ]
 
 
-def _resources(owner: Owner, role: Role) -> dict[str, Any]:
+def _resources(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     user = spec.resources
     # Quantities as strings: the API server stores them so, and the applier compares what it reads back.
@@ -65,7 +59,7 @@ def _resources(owner: Owner, role: Role) -> dict[str, Any]:
         for kind in ("limits", "requests")
         if user is not None and getattr(user, kind)
     }
-    npu = NPU_RESOURCES.get(spec.backend)
+    npu = defaults.npu.resource(spec.backend)
     if npu and spec.npus_per_replica:
         # Extended resources are requested through limits (requests default to them and may not differ).
         out.setdefault("limits", {})[npu] = str(spec.npus_per_replica)
@@ -109,7 +103,7 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    resources = _resources(owner, role)
+    resources = _resources(owner, role, defaults)
     if resources:
         container["resources"] = resources
     return container
@@ -138,8 +132,8 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    # The user's selector narrows the NPU family's; the family's own label always wins.
-    node_selector = {**(spec.node_selector or {}), **NPU_NODE_SELECTORS.get(spec.backend, {})}
+    # The user's selector narrows the cluster profile's; the profile's labels (the vendor's feature discovery) win.
+    node_selector = {**(spec.node_selector or {}), **defaults.npu.node_selector(spec.backend)}
     if node_selector:
         pod["nodeSelector"] = node_selector
     if spec.tolerations:

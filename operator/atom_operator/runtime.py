@@ -2,6 +2,7 @@
 
 Environment:
   ATOM_ENGINE_IMAGE, ATOM_ENGINE_IMAGE_PULL_POLICY  what spec.image / spec.imagePullPolicy default to.
+  ATOM_ENGINE_RNGD_IMAGE   the image of rngd pods (Dockerfile target engine-rngd), unless prefill.image is set.
   ATOM_NPU_PROFILE         this cluster's NPU resource names and node selectors, as JSON (the chart's `npu` value;
                            see atom_engine.api.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
   ATOM_RECONCILE_WORKERS   AtomDeployments reconciled at once (default 16; a worker mostly waits on the API
@@ -40,6 +41,7 @@ class Config:
             defaults=Defaults(
                 image=env.get("ATOM_ENGINE_IMAGE") or base.image,
                 image_pull_policy=env.get("ATOM_ENGINE_IMAGE_PULL_POLICY") or base.image_pull_policy,
+                rngd_image=env.get("ATOM_ENGINE_RNGD_IMAGE") or base.rngd_image,
                 npu=NpuProfile.parse(env.get("ATOM_NPU_PROFILE")),
             ),
             workers=int(env.get("ATOM_RECONCILE_WORKERS", "16")),

@@ -230,6 +230,25 @@ def test_the_npu_profile_values_reach_the_operator_as_its_one_setting(tmp_path: 
     assert (got.resource("atom"), got.resource("rngd")) == ("rebellions.ai/ATOM", "furiosa.ai/rngd-2core.12gb")
 
 
+def test_the_chart_ships_the_rngd_seccomp_profile_the_rngd_pods_name(tmp_path: Path) -> None:
+    docs = render_chart(tmp_path, "ops", {"engine": {"rngdImage": {"repository": "r.example/rngd", "tag": "7"}}})
+    shipped = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-seccomp"))
+    profile = json.loads(shipped["data"]["profile.json"])
+    assert profile == json.loads((CHART / "files" / "rngd-io-uring.json").read_text())
+    # io_uring is what the RNGD driver needs and what the runtimes' default profiles refuse: nothing here refuses it.
+    refused = {n for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for n in rule["names"]}
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert not refused & {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+    assert {"unshare", "setns", "mount", "bpf", "keyctl", "ptrace", "userfaultfd", "kexec_load"} <= refused
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    config = runtime.Config.from_env(env)
+    assert config.defaults.rngd_image == "r.example/rngd:7"
+    assert config.defaults.npu.seccomp("rngd") == {"type": "Localhost", "localhostProfile": "atom/rngd-io-uring.json"}
+    none = render_chart(tmp_path, "ops", {"npu": {"rngd": {"seccompProfile": ""}}})
+    assert not [d for d in none if d["metadata"]["name"].endswith("-seccomp")]
+
+
 def test_the_schemas_resource_names_are_the_profiles() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["npu"]["properties"]
     assert {b: schema[b]["properties"]["resource"]["pattern"] for b in schema} == RESOURCE_PATTERNS

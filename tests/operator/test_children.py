@@ -135,12 +135,48 @@ def test_the_model_volume_is_mounted_read_only_where_source_points() -> None:
 
 
 def test_rngd_prefill_requests_rngd_on_rngd_nodes_and_runs_the_prefill_role() -> None:
-    dep = by_kind(owner(**PD))[("Deployment", "llm-prefill")]
+    kids = by_kind(owner(**PD, image="example.invalid/my-engine:1"))
+    dep = kids[("Deployment", "llm-prefill")]
     pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
     assert dep["spec"]["replicas"] == 1
-    assert pod["containers"][0]["resources"] == {"limits": {"furiosa.ai/rngd": "2"}}
+    assert c["resources"] == {"limits": {"furiosa.ai/rngd": "2"}}
     assert pod["nodeSelector"] == {"furiosa.ai/npu.family": "rngd"}
-    assert pod["containers"][0]["command"][2:4] == ["--role", "prefill"]
+    assert c["command"][2:4] == ["--role", "prefill"]
+    # furiosa-torch pins its own torch: rngd pods run the engine-rngd image, whatever spec.image says for the rest.
+    assert c["image"] == DEFAULTS.rngd_image
+    assert kids[("Deployment", "llm-decode")]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "example.invalid/my-engine:1"
+    )
+    # The device string comes from npusPerReplica: the engine drives that many RNGDs (furiosa:0..n-1).
+    settings = yaml.safe_load(kids[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
+    assert settings["numDevices"] == 2 and settings["backend"] == "rngd"
+
+
+def test_only_rngd_pods_get_the_io_uring_seccomp_profile_and_both_stay_restricted() -> None:
+    kids = by_kind(owner(**PD))
+    for role, want in (
+        ("prefill", {"type": "Localhost", "localhostProfile": "atom/rngd-io-uring.json"}),
+        ("decode", {"type": "RuntimeDefault"}),
+    ):
+        pod = kids[("Deployment", f"llm-{role}")]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert pod["securityContext"]["seccompProfile"] == want == c["securityContext"]["seccompProfile"], role
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False and pod["securityContext"]["runAsNonRoot"]
+    # A cluster whose runtime default allows io_uring can keep RuntimeDefault for RNGD pods too.
+    plain = replace(DEFAULTS, npu=NpuProfile(rngd={"seccompProfile": ""}))
+    prefill = next(c for c in build_children(owner(**PD), plain).desired if c["metadata"]["name"] == "llm-prefill"
+                   and c["kind"] == "Deployment")
+    assert prefill["spec"]["template"]["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_a_roles_own_image_wins() -> None:
+    spec = {**PD, "prefill": {**PD["prefill"], "image": "example.invalid/rngd:2"}, "image": "example.invalid/e:1"}
+    kids = by_kind(owner(**{**spec, "decode": {**PD["decode"], "image": "example.invalid/decode:3"}}))
+    images = {r: kids[("Deployment", f"llm-{r}")]["spec"]["template"]["spec"]["containers"][0]["image"]
+              for r in ("decode", "prefill")}
+    assert images == {"decode": "example.invalid/decode:3", "prefill": "example.invalid/rngd:2"}
 
 
 def test_cpu_backend_requests_no_npu_and_needs_no_npu_node() -> None:
@@ -148,6 +184,8 @@ def test_cpu_backend_requests_no_npu_and_needs_no_npu_node() -> None:
     pod = by_kind(o)[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
     assert "resources" not in pod["containers"][0]
     assert "nodeSelector" not in pod
+    settings = yaml.safe_load(by_kind(o)[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
+    assert settings["numDevices"] == 1  # the engine's default; the cpu backend ignores it
 
 
 def test_decode_settings_name_the_headless_prefill_service() -> None:

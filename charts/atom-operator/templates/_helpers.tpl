@@ -47,6 +47,10 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" .Values.engine.image.repository (default .Chart.AppVersion .Values.engine.image.tag) }}
 {{- end }}
 
+{{- define "atom-operator.engineRngdImage" -}}
+{{- printf "%s:%s" .Values.engine.rngdImage.repository (default .Chart.AppVersion .Values.engine.rngdImage.tag) }}
+{{- end }}
+
 {{- define "atom-operator.webhookService" -}}
 {{- printf "%s-webhook" (include "atom-operator.fullname" .) }}
 {{- end }}

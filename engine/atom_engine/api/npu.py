@@ -95,9 +95,29 @@ class AtomProfile(VendorProfile):
     node_selector: dict[str, str] = Field(default_factory=lambda: {RBLN_PRESENT_LABEL: "true"})
 
 
+# Furiosa's RNGD driver talks to the card through io_uring (issue 17), which container runtimes' default seccomp
+# profiles block; RNGD pods run under a Localhost profile that allows it (charts/atom-operator/files/), installed
+# on the RNGD nodes under the kubelet's seccomp root (/var/lib/kubelet/seccomp/<this path>).
+RNGD_SECCOMP_PROFILE = "atom/rngd-io-uring.json"
+SECCOMP_PATH_PATTERN = r"^([A-Za-z0-9_-][A-Za-z0-9._-]*)(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+
+
 class RngdProfile(VendorProfile):
     resource: str = Field(RNGD_RESOURCE, pattern=RESOURCE_PATTERNS["rngd"])
     node_selector: dict[str, str] = Field(default_factory=lambda: {RNGD_FAMILY_LABEL: RNGD_FAMILY})
+    seccomp_profile: str = Field(
+        RNGD_SECCOMP_PROFILE,
+        max_length=1024,
+        pattern=SECCOMP_PATH_PATTERN + "|^$",
+        description="The Localhost seccomp profile of RNGD pods (allows io_uring), relative to the kubelet's seccomp"
+        " root; empty: the runtime's default (only where it allows io_uring).",
+    )
+
+    def seccomp(self) -> dict[str, str]:
+        """The pod's seccompProfile: Localhost keeps the restricted Pod Security profile satisfied."""
+        if not self.seccomp_profile:
+            return {"type": "RuntimeDefault"}
+        return {"type": "Localhost", "localhostProfile": self.seccomp_profile}
 
 
 class NpuProfile(_Profile):
@@ -117,6 +137,10 @@ class NpuProfile(_Profile):
     def node_selector(self, backend: str) -> dict[str, str]:
         vendor = self.of(backend)
         return dict(vendor.node_selector) if vendor else {}
+
+    def seccomp(self, backend: str) -> dict[str, str]:
+        """The seccompProfile of the backend's pods: RuntimeDefault, but RNGD's driver needs io_uring."""
+        return self.rngd.seccomp() if backend == "rngd" else {"type": "RuntimeDefault"}
 
     @classmethod
     def parse(cls, text: str | None, *, source: str = "ATOM_NPU_PROFILE") -> NpuProfile:

@@ -47,6 +47,14 @@ class ModelSpec(Strict):
 
 
 class _Placement(Strict):
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Engine image of this role's pods; defaults to spec.image for the atom and cpu backends, and to"
+        " the operator's engine-rngd image for rngd (furiosa-torch pins its own torch, so rngd has an image of its"
+        " own).",
+    )
     resources: Resources | None = Field(None, description="Extra container resources (cpu, memory).")
     node_selector: LabelMap | None = Field(
         None, description="Node labels the pods require, merged with the NPU family's own selector."
@@ -138,7 +146,11 @@ class AtomDeploymentSpec(Strict):
 
     model: ModelSpec = Field(description="The model to serve.")
     image: str | None = Field(
-        None, min_length=1, max_length=1024, description="Engine image; defaults to the operator's configured image."
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Engine image of the atom and cpu roles (a role's own image wins); defaults to the operator's"
+        " configured image. rngd roles run the operator's engine-rngd image unless prefill.image says otherwise.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None, description="Pull policy of the engine image; defaults to the operator's configuration."
@@ -204,6 +216,7 @@ def engine_settings(
     if role == "decode" and spec.prefill.replicas >= 1 and not prefill_workers:
         raise ValueError("decode settings need prefill_workers (host:port) when prefill.replicas >= 1")
     decode = role == "decode"
+    npus = (spec.decode if decode else spec.prefill).npus_per_replica
     return EngineSettings(
         model_name=spec.model.name or name,
         model_source=spec.model.source,
@@ -218,4 +231,7 @@ def engine_settings(
         local_prefill=spec.decode.local_prefill if decode else True,
         prefetch_next=spec.prefill.prefetch_next if decode else False,
         prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,
+        # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
+        # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.
+        num_devices=max(npus, 1),
     )

@@ -42,6 +42,7 @@ class Defaults:
 
     image: str = "ghcr.io/atom-dev/atom-engine:0.1.0"
     image_pull_policy: str = "IfNotPresent"
+    rngd_image: str = "ghcr.io/atom-dev/atom-engine-rngd:0.1.0"  # Dockerfile target engine-rngd (furiosa-torch)
     npu: NpuProfile = field(default_factory=NpuProfile)  # this cluster's NPU resource names and node labels
 
 

@@ -67,8 +67,19 @@ def _resources(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     return out
 
 
+def engine_image(owner: Owner, role: Role, defaults: Defaults) -> str:
+    """The role's own image, else spec.image, else the operator's; rngd pods need furiosa-torch's own image."""
+    spec = owner.spec.decode if role == "decode" else owner.spec.prefill
+    if spec.image:
+        return spec.image
+    if spec.backend == "rngd":
+        return defaults.rngd_image
+    return owner.spec.image or defaults.image
+
+
 def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     spec = owner.spec
+    backend = (spec.decode if role == "decode" else spec.prefill).backend
     mounts = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "scratch", "mountPath": SCRATCH_DIR},
@@ -77,7 +88,7 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
         mounts.append({"name": "model", "mountPath": spec.model.source, "readOnly": True})
     container: dict[str, Any] = {
         "name": "engine",
-        "image": spec.image or defaults.image,
+        "image": engine_image(owner, role, defaults),
         "imagePullPolicy": spec.image_pull_policy or defaults.image_pull_policy,
         "command": engine_command(role),
         "ports": [
@@ -100,7 +111,7 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
+            "seccompProfile": defaults.npu.seccomp(backend),
         },
     }
     resources = _resources(owner, role, defaults)
@@ -129,7 +140,8 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
             "runAsUser": RUN_AS,
             "runAsGroup": RUN_AS,
             "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
+            # RuntimeDefault, or for RNGD pods a Localhost profile that also allows io_uring: both restricted.
+            "seccompProfile": defaults.npu.seccomp(spec.backend),
         },
     }
     # The user's selector narrows the cluster profile's; the profile's labels (the vendor's feature discovery) win.

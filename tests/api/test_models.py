@@ -245,3 +245,27 @@ def test_the_rngd_demand_is_counted_under_a_partitioned_name() -> None:
         "needs 6 furiosa.ai/rngd-2core.12gb, cluster has 4 allocatable (prefill 3 × 2); pods that do not fit stay"
         " Pending"
     ]
+
+
+@pytest.mark.parametrize(("decode", "prefill", "dtype", "want"), [
+    ({"backend": "cpu", "npusPerReplica": 0}, None, None, "float32"),
+    ({"backend": "atom", "npusPerReplica": 1}, None, None, "bfloat16"),
+    ({"backend": "cpu", "npusPerReplica": 0}, {"replicas": 1, "backend": "rngd"}, None, "bfloat16"),
+    ({"backend": "cpu", "npusPerReplica": 0}, {"replicas": 0, "backend": "rngd"}, None, "float32"),
+    ({"backend": "atom", "npusPerReplica": 1}, None, "float16", "float16"),
+    ({"backend": "atom", "npusPerReplica": 1}, None, "float32", "float32"),
+])
+def test_model_dtype_defaults_to_half_precision_on_npus_and_is_the_same_in_both_roles(
+        decode: dict, prefill: dict | None, dtype: str | None, want: str) -> None:
+    model = {"source": "builtin:tiny", **({"dtype": dtype} if dtype else {})}
+    parsed = AtomDeploymentSpec.model_validate(spec(decode, prefill, model=model))
+    workers = "x-prefill:8000" if parsed.prefill.replicas else None
+    roles = [engine_settings(parsed, "decode", name="x", prefill_workers=workers),
+             engine_settings(parsed, "prefill", name="x")]
+    assert [s.dtype for s in roles] == [want, want]  # the KV crosses between the roles in this dtype
+    assert f"dtype: {want}" in roles[0].dump()
+
+
+def test_model_dtype_refuses_other_precisions() -> None:
+    with pytest.raises(ValidationError, match="dtype"):
+        AtomDeploymentSpec.model_validate(spec(model={"source": "builtin:tiny", "dtype": "float64"}))

@@ -44,6 +44,20 @@ class ModelSpec(Strict):
         description="Longest sequence (prompt + generated tokens) one KV block holds; compiled into the graphs."
         f" {limits.MAX_SEQ_LEN_MIN}..{limits.MAX_SEQ_LEN_MAX}.",
     )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="Precision of the weights and the KV cache, the same in every role (the KV crosses from prefill"
+        " to decode pods). Default: bfloat16 when a role runs on an NPU backend (ATOM and RNGD run half"
+        " precision), else float32.",
+    )
+
+
+def model_dtype(spec: AtomDeploymentSpec) -> str:
+    """``spec.model.dtype``, else bfloat16 when any role that runs uses an NPU backend, else float32."""
+    if spec.model.dtype is not None:
+        return spec.model.dtype
+    backends = [spec.decode.backend] + ([spec.prefill.backend] if spec.prefill.replicas >= 1 else [])
+    return "bfloat16" if any(b in limits.NPU_BACKENDS for b in backends) else "float32"
 
 
 class _Placement(Strict):
@@ -221,6 +235,7 @@ def engine_settings(
         model_name=spec.model.name or name,
         model_source=spec.model.source,
         max_seq_len=spec.model.max_seq_len,
+        dtype=model_dtype(spec),
         backend=spec.decode.backend if decode else spec.prefill.backend,
         # A prefill worker never decodes and computes one prompt at a time into one block (plus the scratch
         # block); what it ships is shaped by the model and the prompt, not by decode's lanes or kvBlocks. Fixed

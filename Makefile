@@ -10,11 +10,11 @@ help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: venv tools ## the main job on the embedded default (see README)
+demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools device-plugin-stubs ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
+test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: prereqs
@@ -28,6 +28,10 @@ venv: ## .venv with the locked dependencies (cached outside the repo, keyed by r
 .PHONY: venv-rngd
 venv-rngd: ## .venv-rngd: furiosa-torch and the torch it pins (requirements/rngd.lock, cached like .venv) + the engine
 	@bash hack/venv.sh rngd
+
+.PHONY: model
+model: venv ## convert the built-in trained models (builtin:smollm2-135m) once into $${ATOM_MODELS_DIR:-~/.cache/atom/models}
+	@bash hack/model.sh
 
 .PHONY: tools
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)

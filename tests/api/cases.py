@@ -178,6 +178,9 @@ INVALID = [
     Case("model-missing", {"decode": {}}, ("spec.model", "equired")),
     Case("source-missing", spec(model={"maxSeqLen": 512}), ("model.source", "equired")),
     Case("source-url", spec(model={"source": "hf://meta/llama"}), ("model.source", "builtin:")),
+    # Only the engine's registered built-in models (atom_engine.model.builtin) pass; the refusal lists them.
+    Case("source-builtin-unknown", spec(model={"source": "builtin:llama"}), ("model.source", "builtin:smollm2-135m")),
+    Case("source-builtin-suffix", spec(model={"source": "builtin:tiny2"}), ("model.source", "builtin:tiny")),
     Case("source-huge", spec(model={"source": "/" + "a" * 5000}), ("model.source", "4096")),
     Case("quantity-garbage", spec({"resources": {"limits": {"memory": "lots"}}}), ("decode.resources.limits.memory",)),
     # Huge collections.
@@ -191,6 +194,7 @@ INVALID = [
 
 VALID = [
     Case("minimal", spec()),
+    Case("builtin-smollm2", spec(model={"source": "builtin:smollm2-135m"})),
     Case("pc-lanes4-kv6", spec({"lanes": 4, "kvBlocks": 6})),
     Case("nopc-lanes1-kv2", spec({"lanes": 1, "kvBlocks": 2, "prefixCache": False})),
     Case("pc-lanes1-kv3", spec({"lanes": 1, "kvBlocks": 3})),

@@ -112,5 +112,5 @@ def test_unsupported_checkpoints_are_refused_with_the_reason(tmp_path: Path) -> 
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         LLMEngine(EngineSettings(model_source=str(tmp_path)))
-    with pytest.raises(ValueError, match="neither 'builtin:tiny' nor a directory with a config.json"):
+    with pytest.raises(ValueError, match="neither a built-in model nor a directory with a config.json"):
         LLMEngine(EngineSettings(model_source=str(tmp_path / "missing")))

@@ -9,12 +9,11 @@ from pydantic_core import PydanticCustomError
 
 from atom_engine import limits
 from atom_engine.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
+from atom_engine.model.builtin import BUILTIN_MODELS, SOURCE_PATTERN
 from atom_engine.settings import EngineSettings, Role
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields
-
-SOURCE_PATTERN = r"^(builtin:[a-z0-9][a-z0-9-]*|/.*)$"
 
 
 class ModelSpec(Strict):
@@ -29,8 +28,10 @@ class ModelSpec(Strict):
     source: str = Field(
         max_length=4096,
         pattern=SOURCE_PATTERN,
-        description="builtin:tiny for the built-in random-weight model (no download), or the absolute path of a"
-        " Hugging Face-layout checkpoint (safetensors) inside the pod, usually where `volume` is mounted.",
+        description="A built-in model ("
+        + "; ".join(f"{m.source}: {m.description}" for m in BUILTIN_MODELS.values())
+        + "), or the absolute path of a Hugging Face-layout checkpoint (safetensors) inside the pod, usually where"
+        " `volume` is mounted.",
     )
     volume: FreeForm | None = Field(
         None,

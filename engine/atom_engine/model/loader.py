@@ -1,4 +1,5 @@
-"""Build the model from ``builtin:tiny`` (random weights from a fixed seed) or a Hugging Face-layout directory."""
+"""Build the model from a built-in source (atom_engine.model.builtin: ``builtin:tiny`` is made here from a fixed
+seed, the others are converted checkpoints) or a Hugging Face-layout directory."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 
 import torch
 
+from atom_engine.model import builtin
 from atom_engine.model.config import ModelConfig
 from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
-BUILTIN_TINY = "builtin:tiny"
+BUILTIN_TINY = builtin.BUILTIN_MODELS["tiny"].source
 TINY_CONFIG = ModelConfig(
     vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
     eos_token_id=ByteTokenizer.EOS, tie_word_embeddings=True,
@@ -32,9 +34,10 @@ def load_model(
                 if p.dim() > 1:
                     p.normal_(0.0, 0.5)  # broad logits: random tokens, few near-ties
         return model.to(DTYPES[dtype]).eval(), ByteTokenizer(TINY_CONFIG.vocab_size)
-    path = Path(source)
+    path = builtin.checkpoint_path(source)
+    assert path is not None, f"{source} is made in process but has no branch here"
     if not (path / "config.json").is_file():
-        raise ValueError(f"modelSource {source!r} is neither {BUILTIN_TINY!r} nor a directory with a config.json")
+        raise ValueError(f"modelSource {source!r} is neither a built-in model nor a directory with a config.json")
     hf_cfg = json.loads((path / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_cfg)
     eos = cfg.eos_token_id

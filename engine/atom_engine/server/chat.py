@@ -1,11 +1,24 @@
-"""Chat messages to a prompt: the checkpoint's chat template (tokenizer_config.json, Jinja) or a plain one."""
+"""Chat messages to a prompt: the checkpoint's chat template (Jinja) or a plain one.
+
+The template comes from ``chat_template.jinja`` (where transformers 5 saves it) or else ``tokenizer_config.json``'s
+``chat_template`` (a string, or a list of named templates of which "default" is used), and renders as
+transformers' ``apply_chat_template`` renders it (transformers/utils/chat_template_utils.py,
+``_compile_jinja_template`` and ``render_jinja_template``): a sandbox with trim_blocks, lstrip_blocks and loop
+controls, its ``tojson``/``raise_exception``/``strftime_now`` helpers, and the tokenizer's special tokens
+(``bos_token``, ``eos_token``, ...) as variables. The engine then encodes the text without adding special tokens,
+as ``apply_chat_template(tokenize=True)`` does, so the prompt tokens are the same.
+"""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
+from atom_engine.model.builtin import checkpoint_path
 from atom_engine.server.protocol import ChatMessage
+
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def plain_template(messages: list[ChatMessage]) -> str:
@@ -13,19 +26,62 @@ def plain_template(messages: list[ChatMessage]) -> str:
     return "".join(f"<|{m.role}|>\n{m.text()}\n" for m in messages) + "<|assistant|>\n"
 
 
+def read_template(path: Path) -> tuple[str | None, dict[str, str]]:
+    """The checkpoint's chat template source (None when it has none) and its special tokens by name."""
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    specials = {}
+    for name in SPECIAL_TOKENS:
+        token = config.get(name)
+        if isinstance(token, dict):  # an AddedToken saved as {"content": ..., ...}
+            token = token.get("content")
+        if isinstance(token, str):
+            specials[name] = token
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(), specials
+    source = config.get("chat_template")
+    if isinstance(source, list):
+        source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None)
+    return (source if isinstance(source, str) else None), specials
+
+
+def _compile(source: str):  # noqa: ANN202 (a jinja2 Template; jinja2 is imported lazily)
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        # transformers overrides jinja's tojson, which would escape HTML characters
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
 class ChatTemplate:
     def __init__(self, model_source: str) -> None:
         self._template = None
-        config = Path(model_source) / "tokenizer_config.json"
-        if config.is_file():
-            source = json.loads(config.read_text()).get("chat_template")
-            if isinstance(source, str):
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
+        self._specials: dict[str, str] = {}
+        path = checkpoint_path(model_source)
+        if path is not None:
+            source, self._specials = read_template(path)
+            if source is not None:
+                self._template = _compile(source)
 
-                self._template = ImmutableSandboxedEnvironment().from_string(source)
+    @property
+    def plain(self) -> bool:
+        return self._template is None
 
     def render(self, messages: list[ChatMessage]) -> str:
         if self._template is None:
             return plain_template(messages)
         return self._template.render(messages=[{"role": m.role, "content": m.text()} for m in messages],
-                                     add_generation_prompt=True)
+                                     add_generation_prompt=True, **self._specials)

@@ -3,9 +3,11 @@
 1. start the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok fake NPU nodes);
 2. install the CRD, run the operator (reconciler and admission webhook) and register its webhook;
 3. show admission refusing a spec the engine could not run;
-4. apply examples/atomdeployment.yaml and wait until it is READY;
+4. apply examples/atomdeployment-smollm2.yaml (SmolLM2-135M-Instruct, converted by `make model`) and wait until
+   it is READY;
 5. run the engine exactly as the operator's pod specs say (their command, args and rendered settings, as
-   local processes: kwok's pods run nothing) and send one chat completion through the openai client.
+   local processes: kwok's pods run nothing) and ask the model, through the openai client, a question whose
+   answer anyone can check.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ sys.path.insert(0, str(REPO))
 from tests.harness.__main__ import print_nodes  # noqa: E402
 from tests.harness.cluster import Cluster, free_port  # noqa: E402
 
-EXAMPLE = REPO / "examples" / "atomdeployment.yaml"
+EXAMPLE = REPO / "examples" / "atomdeployment-smollm2.yaml"
+NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+QUESTION = "What is the capital of France?"
 CRD = REPO / "crds" / "atomdeployments.serving.atom.dev.yaml"
 BIN = Path(sys.executable).parent
 
@@ -111,17 +115,17 @@ def start_operator(cluster: Cluster, procs: Processes) -> None:
 
 def show_refusal(cluster: Cluster) -> None:
     bad = yaml.safe_load(EXAMPLE.read_text())
-    bad["metadata"]["name"] = "tiny-bad"
+    bad["metadata"]["name"] = f"{NAME}-bad"
     bad["spec"]["decode"]["kvBlocks"] = bad["spec"]["decode"]["lanes"] + 1  # the prefix cache needs lanes + 2
     out = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad), check=False)
     if out.returncode == 0:
         raise RuntimeError("the API server accepted a spec the engine cannot run")
-    print(f"$ kubectl apply -f tiny-bad.yaml   (kvBlocks: {bad['spec']['decode']['kvBlocks']})\n{out.stderr.strip()}")
+    print(f"$ kubectl apply -f {NAME}-bad.yaml   (kvBlocks: {bad['spec']['decode']['kvBlocks']})\n{out.stderr.strip()}")
 
 
 def apply_example(cluster: Cluster) -> None:
     print(cluster.kubectl("apply", "-f", str(EXAMPLE)).stdout.strip())
-    cluster.kubectl("wait", "--for=condition=Ready", "atomdeployment/tiny", "--timeout=120s", timeout=130)
+    cluster.kubectl("wait", "--for=condition=Ready", f"atomdeployment/{NAME}", "--timeout=120s", timeout=130)
     print(cluster.kubectl("get", "atomdeployments", "-o", "wide").stdout, end="")
 
 
@@ -174,10 +178,15 @@ def chat(url: str) -> None:
     client = OpenAI(base_url=f"{url}/v1", api_key="unused")
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Say hello to the NPUs."}], max_tokens=24, temperature=0
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=32, temperature=0
     )
-    print(f"model {model} answered ({reply.usage.completion_tokens} tokens, random weights):")
-    print(repr(reply.choices[0].message.content))
+    answer = reply.choices[0].message.content
+    print(f"user: {QUESTION}")
+    print(f"{model}: {answer}")
+    print(f"({reply.usage.prompt_tokens} prompt tokens, {reply.usage.completion_tokens} completion tokens,"
+          f" finish_reason {reply.choices[0].finish_reason})")
+    if "Paris" not in answer:
+        raise RuntimeError(f"the model did not answer {QUESTION!r} with Paris: {answer!r}")
 
 
 def main() -> int:
@@ -197,7 +206,7 @@ def main() -> int:
         url = steps.run("start prefill and decode exactly as the pod specs say",
                         lambda: stack.enter_context(engine_as_the_pods_run_it(cluster, procs)))
         with stack:
-            steps.run("send a chat completion through the openai client", lambda: chat(url))
+            steps.run(f"ask {NAME} {QUESTION!r} through the openai client", lambda: chat(url))
     finally:
         print("\n[cleanup] stopping the engine, the operator and the control plane", flush=True)
         procs.stop()

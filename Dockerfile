@@ -7,8 +7,9 @@
 # Build arguments:
 #   BASE_IMAGE         any image with Python 3.11, `python3 -m venv` and `useradd` (a Debian/Ubuntu family image)
 #   ENGINE_BASE_IMAGE  the engine's base; defaults to BASE_IMAGE. For ATOM NPUs, a Rebellions RBLN SDK image whose
-#                      Python 3.11 carries the vendor SDK (`rebel`): the engine's venv sees the base's
-#                      site-packages, so the SDK is used as installed there.
+#                      Python 3.11 carries the vendor SDK (`rebel`) and its torch: the engine's venv sees the base's
+#                      site-packages and installs only the locked packages the base lacks
+#                      (requirements/base_lacks.py), so the SDK and its torch are used as installed there.
 #   WHEELS_URL         a --find-links URL holding every wheel of the lock (then no index is used); empty: the
 #                      default package index
 #
@@ -55,9 +56,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp
 # --system-site-packages: on an RBLN base the vendor SDK lives in the base's Python and is not on a public index.
 RUN python3 -m venv --system-site-packages /opt/atom
-COPY requirements/engine.lock /tmp/requirements.lock
-RUN pip install --quiet --no-deps ${WHEELS_URL:+--no-index --find-links "$WHEELS_URL"} -r /tmp/requirements.lock \
- && rm /tmp/requirements.lock
+COPY requirements/engine.lock requirements/base_lacks.py /tmp/
+# Only what the base lacks: an SDK base's own torch (and the SDK) stay the ones imported.
+RUN python /tmp/base_lacks.py /tmp/engine.lock > /tmp/needed.lock \
+ && pip install --quiet --no-deps ${WHEELS_URL:+--no-index --find-links "$WHEELS_URL"} -r /tmp/needed.lock \
+ && rm /tmp/engine.lock /tmp/needed.lock /tmp/base_lacks.py
 COPY engine/ /tmp/src/engine/
 RUN pip install --quiet --no-deps --no-build-isolation /tmp/src/engine && rm -rf /tmp/src
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \

@@ -14,8 +14,9 @@ demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
+test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite, then the kind e2e
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
 
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine
@@ -55,8 +56,12 @@ docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from 
 	$(PY) -m tests.harness.docker lock
 
 .PHONY: e2e-kind
-e2e-kind: venv tools ## kind e2e (needs Docker and a registry for kind's node image; KIND_NODE_IMAGE=... picks it)
+e2e-kind: prereqs venv tools ## kind e2e on the node image built here (cached by recipe); KIND_NODE_IMAGE=... picks another
 	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
+
+.PHONY: kind-node-image
+kind-node-image: prereqs venv tools ## build (or reuse) the kind node image from the pinned parts; prints its tag
+	$(PY) -m tests.harness.kindnode build
 
 .PHONY: bench-engine
 bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md

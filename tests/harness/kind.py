@@ -1,19 +1,30 @@
 """A kind cluster (``make e2e-kind``) with the :class:`~tests.harness.cluster.Cluster` interface the e2e steps use.
 
-It needs Docker and a registry that serves kind's node image (``KIND_NODE_IMAGE`` picks another one); nothing
-here can run on a machine without them.
+By default the node image is the one built here from the pinned parts (tests/harness/kindnode.py, cached by its
+recipe's hash) with its cluster config (one node, the pre-loaded control-plane images, the bridge CNI).
+``KIND_NODE_IMAGE`` picks another image, e.g. a kindest/node release where a registry serves it; kind's own
+defaults (kindnetd, ...) apply then.
+
+``kind delete cluster`` runs when the cluster stops, also when starting failed, on SIGTERM/SIGHUP (turned into
+an exception so ``finally`` blocks run) and, from .ci/run's trap, when the whole run is killed: the cluster is
+named ``$ATOM_KIND_CLUSTER`` when that is set, so the trap knows which one to delete.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import tempfile
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness import tools
+from tests.harness import kindnode, tools
 from tests.harness.cluster import Cluster, HarnessError
 
 
@@ -22,9 +33,10 @@ class KindCluster(Cluster):
     """``kind create cluster`` on start, ``kind delete cluster`` on stop; its own kubeconfig, never ~/.kube."""
 
     name: str = ""
+    image: str = ""
 
-    def start(self, timeout: float = 300.0) -> KindCluster:
-        self.name = self.name or f"atom-e2e-{uuid.uuid4().hex[:6]}"
+    def start(self, timeout: float = 600.0) -> KindCluster:
+        self.name = self.name or os.environ.get("ATOM_KIND_CLUSTER") or f"atom-e2e-{uuid.uuid4().hex[:6]}"
         self.workdir = Path(tempfile.mkdtemp(prefix="atom-kind-"))
         self._own_workdir = True
         self.kubeconfig = self.workdir / "kubeconfig"
@@ -32,9 +44,15 @@ class KindCluster(Cluster):
         cmd = ["create", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig),
                "--wait", f"{int(timeout)}s"]
         if os.environ.get("KIND_NODE_IMAGE"):
-            cmd += ["--image", os.environ["KIND_NODE_IMAGE"]]
+            self.image = os.environ["KIND_NODE_IMAGE"]
+        else:
+            self.image = kindnode.build()
+            config = self.workdir / "kind-config.json"  # YAML is a superset of JSON: kind reads it as is
+            config.write_text(json.dumps(kindnode.cluster_config(), indent=2))
+            cmd += ["--config", str(config)]
+        cmd += ["--image", self.image]
         try:
-            self.kind(*cmd, timeout=timeout + 120)
+            self.kind(*cmd, timeout=timeout + 300)
         except BaseException:
             self.stop()
             raise
@@ -54,12 +72,47 @@ class KindCluster(Cluster):
             raise HarnessError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-3000:]}")
         return out
 
-    def load(self, image: str) -> None:
-        """``kind load docker-image``: the image goes into every node's containerd; pods never pull it."""
-        self.kind("load", "docker-image", image, "--name", self.name)
+    def load(self, image: str) -> float:
+        """``kind load docker-image``: the image goes into every node's containerd; pods never pull it.
+        Returns the seconds it took."""
+        started = time.monotonic()
+        self.kind("load", "docker-image", image, "--name", self.name, timeout=1800)
+        return time.monotonic() - started
 
     def node_names(self) -> list[str]:
         return [n["metadata"]["name"] for n in self.get("nodes")["items"]]
 
+    def pod_uids_with_containers(self) -> set[str]:
+        """The pod uids that still have a container in some node's containerd (kind's nodes are containers)."""
+        uids: set[str] = set()
+        for node in self.kind("get", "nodes", "--name", self.name).stdout.split():
+            script = ("for c in $(ctr -n k8s.io containers list -q); do ctr -n k8s.io containers info $c; done "
+                      "| jq -r '.Labels[\"io.kubernetes.pod.uid\"] // empty'")
+            out = subprocess.run(["docker", "exec", node, "bash", "-c", script], capture_output=True, text=True,
+                                 timeout=120)
+            if out.returncode != 0:
+                raise HarnessError(f"listing containers on kind node {node} failed: {out.stderr[-2000:]}")
+            uids.update(out.stdout.split())
+        return uids
+
     def clusters(self) -> list[str]:
         return self.kind("get", "clusters").stdout.split()
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived; raised so that cleanup in ``finally`` blocks runs (pytest would just die)."""
+
+
+@contextmanager
+def cleanup_on_signals() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into :class:`Terminated` for the block's length (main thread only)."""
+
+    def raise_terminated(signum: int, _frame: object) -> None:
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -71,6 +71,7 @@ TOOLSETS = (
                 "kubectl",
                 "kubelet",
                 "kube-proxy",
+                "kubeadm",
             )
         },
         _K8S_VERSION,
@@ -79,6 +80,8 @@ TOOLSETS = (
     ToolSet("kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     ToolSet("helm", "helm.sh/helm/v4", {"helm": "helm.sh/helm/v4/cmd/helm"}),
     ToolSet("kind", "sigs.k8s.io/kind", {"kind": "sigs.k8s.io/kind"}),
+    # The kind node image's DNS (tests/harness/kindnode.py): CoreDNS with the plugins kubeadm's Corefile uses.
+    ToolSet("coredns", "github.com/coredns/coredns", {"coredns": "atom.dev/hack/tools/coredns"}),
 )
 
 

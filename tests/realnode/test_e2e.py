@@ -5,9 +5,10 @@ Two ways to get a cluster whose pods really run, then the same steps (tests/real
 - the real node (marker ``realnode``, part of ``make test``): both images are built (tests/harness/docker.py) and
   imported into the node's containerd; the tests below run in file order against one deployment and end by
   deleting it;
-- kind (marker ``kind``, opt-in: ``make e2e-kind``, where Docker and a registry for kind's node image exist): a
-  kind cluster, fake NPUs advertised on its nodes, both images ``kind load``-ed, then install, serve, delete, and
-  the cluster is deleted.
+- kind (marker ``kind``: ``make e2e-kind``, also the last step of ``make test``): a kind cluster on the node image
+  built here (tests/harness/kindnode.py; ``KIND_NODE_IMAGE`` picks another), fake NPUs advertised on its node,
+  both images ``kind load``-ed, then install, serve, roll with a client looping, delete, and the cluster is
+  deleted.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests.harness import docker
 from tests.harness.docker import BuildResult
-from tests.harness.kind import KindCluster
+from tests.harness.kind import KindCluster, cleanup_on_signals
 from tests.harness.realnode import NODE_NAME, RealNodeCluster
 from tests.images.conftest import docker_daemon, engine_image, operator_image  # noqa: F401 - session fixtures
 from tests.realnode import scenario
@@ -224,25 +226,30 @@ def test_delete_removes_every_pod_and_container(real_node: RealNodeCluster, serv
     wait_for(no_containers, 120, "containerd to drop the engine pods' containers", real_node)
 
 
-# ---- kind (opt-in: make e2e-kind) ------------------------------------------------------------------------------
+# ---- kind (make e2e-kind; make test runs it after the suite) ------------------------------------------------
 @pytest.fixture
 def kind_cluster() -> Iterator[KindCluster]:
-    cluster = KindCluster().start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        assert cluster.name not in cluster.clusters(), f"kind cluster {cluster.name} was not deleted"
+    with cleanup_on_signals():
+        cluster = KindCluster().start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            assert cluster.name not in cluster.clusters(), f"kind cluster {cluster.name} was not deleted"
 
 
 @pytest.mark.kind
-def test_kind_install_serve_and_delete(kind_cluster: KindCluster, request: pytest.FixtureRequest) -> None:
+def test_kind_install_serve_roll_and_delete(kind_cluster: KindCluster, request: pytest.FixtureRequest) -> None:
+    """The real-node scenario on kind: install, decode + prefill serving through the Service, a decode rollout
+    with a client looping inside the cluster and no failed request, delete and nothing left on the node."""
     operator: BuildResult = request.getfixturevalue("operator_image")  # tests/images' session fixtures
     engine: BuildResult = request.getfixturevalue("engine_image")
+    client_image = docker.base_image()  # python3 and a shell, for the looping client
     for node in kind_cluster.node_names():
         scenario.advertise_npus(kind_cluster, node)
-    for image in (operator, engine):
-        kind_cluster.load(image.tag)
+    for image in (operator.tag, engine.tag, client_image):
+        seconds = kind_cluster.load(image)
+        print(f"kind load {image}: {docker.image_size(image) / 2**20:.0f} MiB in {seconds:.1f}s")
     scenario.helm_install(kind_cluster, operator.tag, engine.tag)
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     kind_cluster.kubectl("create", "namespace", namespace)
@@ -252,5 +259,28 @@ def test_kind_install_serve_and_delete(kind_cluster: KindCluster, request: pytes
     assert status["decode"]["summary"] == "1/1" and status["prefill"]["summary"] == "1/1"
     with scenario.openai_api(kind_cluster, namespace, NAME) as api:
         scenario.chat(api)
-    scenario.delete_and_wait_gone(kind_cluster, namespace, NAME)
+        model = api.models.list().data[0].id
+
+    kind_cluster.apply(scenario.client_pod(client_image), "-n", namespace)
+    wait_for(lambda: all(c["ready"] for c in kind_cluster.get("pod", "client", "-n", namespace)["status"].get(
+        "containerStatuses", [{"ready": False}])), 180, "the client pod", kind_cluster)
+    client = scenario.LoopingClient(kind_cluster, namespace, "client",
+                                    f"http://{NAME}.{namespace}.svc:{scenario.HTTP_PORT}/v1/chat/completions", model)
+    old = {p["metadata"]["name"] for p in scenario.running_pods(kind_cluster, namespace, NAME, "decode")}
+    with client.running():
+        wait_for(lambda: client.oks() >= 3, 180, "3 answers before the rollout", kind_cluster)
+        scenario.patch_spec(kind_cluster, namespace, NAME, {"decode": {"lanes": 2, "kvBlocks": 4}})
+        scenario.wait_ready(kind_cluster, namespace, NAME, what="READY after the lanes rollout")
+        wait_for(lambda: not {p["metadata"]["name"] for p in scenario.pods(kind_cluster, namespace, NAME, "decode")}
+                 & old, 240, "the old decode pod to be gone", kind_cluster)
+        seen = client.oks()
+        wait_for(lambda: client.oks() >= seen + 3, 180, "3 answers after the rollout", kind_cluster)
+    print(f"lanes rollout on kind: {len(client.results)} lines, {client.oks()} answered, "
+          f"{len(client.failures())} failed")
+    assert client.failures() == [], f"{len(client.failures())} of {len(client.results)} requests failed: " + "\n".join(
+        client.failures()[:10])
+
+    uids = scenario.delete_and_wait_gone(kind_cluster, namespace, NAME)
+    wait_for(lambda: not kind_cluster.pod_uids_with_containers() & uids, 120,
+             "the nodes' containerd to drop the engine pods' containers", kind_cluster)
     scenario.helm_uninstall(kind_cluster)

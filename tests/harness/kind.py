@@ -24,8 +24,44 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness import kindnode, tools
+from tests.harness import kindnode, runc_caps, tools
 from tests.harness.cluster import Cluster, HarnessError
+from tests.harness.docker import cache_dir, docker, ensure_daemon
+
+DAEMON_JSON = Path("/etc/docker/daemon.json")
+RUNTIME = "atom-runc"
+
+
+def ensure_privileged_runtime(timeout: float = 30.0) -> None:
+    """Where root's capability bounding set lacks some capability, make tests/harness/runc_caps.py Docker's
+    default runtime (kind gives no way to pick a runtime per node), so ``docker run --privileged`` starts.
+
+    The wrapper is copied out of the checkout (the daemon outlives it), registered in /etc/docker/daemon.json
+    (kept for later daemon starts; other settings there are kept) and loaded with SIGHUP, which dockerd applies
+    to ``runtimes`` and ``default-runtime`` without a restart. Elsewhere nothing changes.
+    """
+    if not runc_caps.missing_caps():
+        return
+    ensure_daemon()
+    wrapper = cache_dir() / "docker" / RUNTIME
+    source = Path(runc_caps.__file__).read_bytes()
+    if not wrapper.exists() or wrapper.read_bytes() != source:
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        tmp = wrapper.with_suffix(".tmp")
+        tmp.write_bytes(source)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    config = json.loads(DAEMON_JSON.read_text()) if DAEMON_JSON.exists() else {}
+    want = {"runtimes": {**config.get("runtimes", {}), RUNTIME: {"path": str(wrapper)}}, "default-runtime": RUNTIME}
+    if {**config, **want} != config:
+        DAEMON_JSON.parent.mkdir(parents=True, exist_ok=True)
+        DAEMON_JSON.write_text(json.dumps({**config, **want}, indent=2) + "\n")
+    deadline = time.monotonic() + timeout
+    while docker("info", "--format", "{{.DefaultRuntime}}").stdout.strip() != RUNTIME:
+        if time.monotonic() > deadline:
+            raise HarnessError(f"dockerd did not take {RUNTIME} as its default runtime from {DAEMON_JSON}")
+        os.kill(int(Path("/var/run/docker.pid").read_text().strip()), signal.SIGHUP)
+        time.sleep(1)
 
 
 @dataclass
@@ -43,6 +79,7 @@ class KindCluster(Cluster):
         self.kubectl_path = tools.kubectl()
         cmd = ["create", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig),
                "--wait", f"{int(timeout)}s"]
+        ensure_privileged_runtime()
         if os.environ.get("KIND_NODE_IMAGE"):
             self.image = os.environ["KIND_NODE_IMAGE"]
         else:

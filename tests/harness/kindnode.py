@@ -55,12 +55,11 @@ REPOSITORY = "atom.local/kind"  # kubeadm's imageRepository on this image: <REPO
 NODE_REPOSITORY = "atom.local/kind-node"
 POD_SUBNET = "10.244.0.0/16"  # kind's default podSubnet for IPv4 (pkg/apis/config/v1alpha4/default.go)
 CNI_CONFLIST = "/etc/cni/net.d/10-atom-bridge.conflist"
-# kind images/base/Dockerfile: ENTRYPOINT, STOPSIGNAL and `container` (systemd reads it to know it is in one).
-NODE_CHANGES = (
-    "ENV container=docker",
-    "STOPSIGNAL SIGRTMIN+3",
-    'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
-)
+# kind images/base/Dockerfile: ENTRYPOINT, `container` (systemd reads it to know it is in one) and STOPSIGNAL
+# (systemd exits on SIGRTMIN+3; SIGTERM re-executes it). `docker import --change` takes no STOPSIGNAL, so that
+# one is set by a one-line build on top.
+NODE_CHANGES = ("ENV container=docker", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]')
+NODE_STOPSIGNAL = "SIGRTMIN+3"
 PATH_ENV = "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -181,10 +180,16 @@ def _install_kind_files(rootfs: Path, files: Path, pause: str) -> None:
     _copy_tree(files / "kind" / "bin", rootfs / "kind/bin", 0o755)
     _copy_tree(files / "etc", rootfs / "etc", 0o644)
     config = rootfs / "etc/containerd/config.toml"
-    text = config.read_text()
-    # kind's config names the upstream pause image; the sandbox here is the project's own, pre-loaded below.
-    old = next(line for line in text.splitlines() if line.strip().startswith("sandbox_image"))
-    config.write_text(text.replace(old, f'  sandbox_image = "{pause}"'))
+    lines = config.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        key = line.split("=")[0].strip()
+        if key == "sandbox_image":  # kind names the upstream pause image; the sandbox here is the project's own
+            lines[i] = f'  sandbox_image = "{pause}"\n'
+        elif key == "restrict_oom_score_adj":
+            # Root here lacks CAP_SYS_RESOURCE (see tests/harness/runc_caps.py), so runc cannot lower a container's
+            # OOM score below its parent's: kind's entrypoint sets this for rootless nodes, the same limit.
+            lines[i] = "  restrict_oom_score_adj = true\n"
+    config.write_text("".join(lines))
 
 
 def _replay_dockerfile_steps(rootfs: Path) -> None:
@@ -271,6 +276,11 @@ def _docker_import(rootfs: Path, tag: str, changes: tuple[str, ...]) -> None:
     tar.stdout.close()
     if tar.wait() != 0 or imp.returncode != 0:
         raise DockerError(f"docker import of {tag} failed: {imp.stderr.strip()[-2000:]}")
+
+
+def _set_stopsignal(image: str, signal: str) -> None:
+    _run(["docker", "build", "--tag", image, "-"], "docker build (STOPSIGNAL)",
+         input=f"FROM {image}\nSTOPSIGNAL {signal}\n".encode())
 
 
 # --- component images -------------------------------------------------------------------------------------------
@@ -405,6 +415,7 @@ def build(recipe: NodeRecipe = NodeRecipe()) -> str:
         images = _component_images(recipe, rootfs)
         base = f"{NODE_REPOSITORY}-base:{recipe.key()}"
         _docker_import(rootfs, base, NODE_CHANGES)
+        _set_stopsignal(base, NODE_STOPSIGNAL)
         _preload(base, images, tag, Path(tmp))
         docker("rmi", base, check=False)
     _log(f"built {tag} in {time.monotonic() - started:.0f}s")

@@ -41,13 +41,15 @@ def test_the_bridge_cni_is_refused_for_several_nodes() -> None:
         kindnode.cluster_config(nodes=3)
 
 
-def test_containerd_sandbox_is_the_projects_pause(tmp_path: Path) -> None:
-    """kind's containerd config with only the sandbox image replaced (the pause image the node pre-loads)."""
+def test_containerd_config_is_kinds_with_our_pause_and_restricted_oom_score(tmp_path: Path) -> None:
+    """kind's containerd config with only the sandbox image replaced (the pause image the node pre-loads) and
+    restrict_oom_score_adj on (no CAP_SYS_RESOURCE here)."""
     files = kindnode.kind_files()
     root = tmp_path / "rootfs"
     kindnode._install_kind_files(root, files, "atom.local/pause:abc")
     ours = (root / "etc/containerd/config.toml").read_text().splitlines()
     theirs = (files / "etc/containerd/config.toml").read_text().splitlines()
     changed = [(a, b) for a, b in zip(theirs, ours, strict=True) if a != b]
-    assert [b.strip() for _, b in changed] == ['sandbox_image = "atom.local/pause:abc"']
+    assert [b.strip() for _, b in changed] == ['sandbox_image = "atom.local/pause:abc"',
+                                               "restrict_oom_score_adj = true"]
     assert (root / "usr/local/bin/entrypoint").stat().st_mode & 0o777 == 0o755

@@ -82,11 +82,15 @@ class NodeRecipe:
     # kube-proxy's image: these binaries (and what they link) from the node rootfs, as upstream's
     # distroless-iptables image carries them.
     proxy_binaries: tuple[str, ...] = ("/usr/sbin/xtables-nft-multi", "/usr/sbin/nft", "/usr/sbin/conntrack")
+    # The local-path provisioner's helper pod runs `/bin/sh /script/setup|teardown` (mkdir, rm): kind's
+    # images/local-path-helper stages exactly these into a distroless image.
+    helper_binaries: tuple[str, ...] = ("/bin/sh", "/bin/mkdir", "/bin/rm")
     revision: int = 1
 
     def versions(self) -> dict[str, str]:
         return {name: tools.toolset_of(binary).version for name, binary in
-                (("kubernetes", "kubelet"), ("etcd", "etcd"), ("coredns", "coredns"), ("kind", "kind"))}
+                (("kubernetes", "kubelet"), ("etcd", "etcd"), ("coredns", "coredns"), ("kind", "kind"),
+                 ("local-path-provisioner", "local-path-provisioner"))}
 
     def key(self) -> str:
         h = hashlib.sha256(json.dumps({"recipe": asdict(self), "versions": self.versions(),
@@ -127,6 +131,34 @@ def image_refs() -> dict[str, str]:
     refs["etcd"] = f"{REPOSITORY}/etcd:{v['etcd']}"
     refs["coredns"] = f"{REPOSITORY}/coredns:{v['coredns']}"
     return refs
+
+
+def storage_refs() -> dict[str, str]:
+    """kind's default storage (a local-path provisioner and its helper), by the names this image gives them."""
+    v = NodeRecipe().versions()["local-path-provisioner"]
+    return {"storageProvisionerImage": f"{REPOSITORY}/local-path-provisioner:{v}",
+            "storageHelperImage": f"{REPOSITORY}/local-path-helper:{v}"}
+
+
+def storage_manifest() -> str:
+    """kind's default-storage manifest (pkg/build/nodeimage/const_storage.go, a Go string concatenation of raw
+    literals and the two image constants) with this image's provisioner and helper images."""
+    source = (kind_source() / "pkg/build/nodeimage/const_storage.go").read_text()
+    expr = source.split("const defaultStorageManifest = ", 1)[1]
+    parts, refs = [], storage_refs()
+    while True:
+        expr = expr.lstrip()
+        if expr.startswith("`"):
+            literal, expr = expr[1:].split("`", 1)
+            parts.append(literal)
+        else:
+            name = expr.split(None, 1)[0]
+            parts.append(refs[name])  # KeyError: kind's manifest names an image this recipe does not build
+            expr = expr[len(name):]
+        expr = expr.lstrip()
+        if not expr.startswith("+"):
+            return "".join(parts)
+        expr = expr[1:]
 
 
 def cluster_config(nodes: int = 1) -> dict:
@@ -245,6 +277,8 @@ def _install_kubernetes(rootfs: Path) -> None:
         shutil.copyfile(tools.path(binary), dst)
         dst.chmod(0o755)
     (rootfs / "kind/version").write_text(NodeRecipe().versions()["kubernetes"])
+    (rootfs / "kind/manifests").mkdir(parents=True, exist_ok=True)
+    (rootfs / "kind/manifests/default-storage.yaml").write_text(storage_manifest())
     conflist = rootfs / CNI_CONFLIST.lstrip("/")
     conflist.parent.mkdir(parents=True, exist_ok=True)
     conflist.write_text(json.dumps(_cni_conflist(), indent=2))
@@ -309,8 +343,8 @@ def _image_from_files(tag: str, files: dict[str, bytes], links: dict[str, str], 
     """A one-layer image holding exactly ``files`` (path -> content) and ``links`` (path -> symlink target)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        _add_dirs(tar, [*files, *links, "/tmp/x"])
-        tmp = tarfile.TarInfo("tmp")
+        _add_dirs(tar, [*files, *links])
+        tmp = tarfile.TarInfo("tmp")  # world-writable, sticky: etcd, CoreDNS and kube-proxy may write temp files
         tmp.type, tmp.mode = tarfile.DIRTYPE, 0o1777
         tar.addfile(tmp)
         for name, data in sorted(files.items()):
@@ -356,7 +390,13 @@ def _component_images(recipe: NodeRecipe, rootfs: Path) -> list[str]:
         "iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save",
         "ip6tables-nft-restore")}
     _image_from_files(refs["kube-proxy"], proxy, links, (PATH_ENV,))
-    return [*refs.values(), containerd.build_pause_image()]
+    storage = storage_refs()
+    _image_from_files(storage["storageProvisionerImage"],
+                      {"/usr/local/bin/local-path-provisioner": tools.path("local-path-provisioner").read_bytes()},
+                      {}, (PATH_ENV,))
+    _image_from_files(storage["storageHelperImage"], _staged_libraries(rootfs, recipe.helper_binaries), {},
+                      (PATH_ENV,))
+    return [*refs.values(), *storage.values(), containerd.build_pause_image()]
 
 
 # --- assembling ---------------------------------------------------------------------------------------------------
@@ -404,7 +444,7 @@ def build(recipe: NodeRecipe = NodeRecipe()) -> str:
     work = cache_dir() / "kind-node"
     work.mkdir(parents=True, exist_ok=True)
     for binary in ("kubeadm", "kubelet", "kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                   "kube-proxy", "etcd", "coredns"):
+                   "kube-proxy", "etcd", "coredns", "local-path-provisioner"):
         tools.path(binary)  # builds the pinned tool if it is missing
     with tempfile.TemporaryDirectory(prefix="build-", dir=work) as tmp:
         rootfs = Path(tmp) / "rootfs"

@@ -82,6 +82,9 @@ TOOLSETS = (
     ToolSet("kind", "sigs.k8s.io/kind", {"kind": "sigs.k8s.io/kind"}),
     # The kind node image's DNS (tests/harness/kindnode.py): CoreDNS with the plugins kubeadm's Corefile uses.
     ToolSet("coredns", "github.com/coredns/coredns", {"coredns": "atom.dev/hack/tools/coredns"}),
+    # ... and its default storage (kind installs a local-path provisioner).
+    ToolSet("local-path-provisioner", "github.com/rancher/local-path-provisioner",
+            {"local-path-provisioner": "github.com/rancher/local-path-provisioner"}),
 )
 
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.harness import kindnode, tools
 
@@ -53,3 +54,17 @@ def test_containerd_config_is_kinds_with_our_pause_and_restricted_oom_score(tmp_
     assert [b.strip() for _, b in changed] == ['sandbox_image = "atom.local/pause:abc"',
                                                "restrict_oom_score_adj = true"]
     assert (root / "usr/local/bin/entrypoint").stat().st_mode & 0o777 == 0o755
+
+
+def test_the_storage_manifest_is_kinds_with_the_images_built_here() -> None:
+    docs = [d for d in yaml.safe_load_all(kindnode.storage_manifest()) if d]
+    kinds = [d["kind"] for d in docs]
+    assert {"Deployment", "StorageClass", "ConfigMap", "Namespace"} <= set(kinds)
+    (deploy,) = (d for d in docs if d["kind"] == "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    refs = kindnode.storage_refs()
+    assert container["image"] == refs["storageProvisionerImage"]
+    assert container["command"][container["command"].index("--helper-image") + 1] == refs["storageHelperImage"]
+    (config,) = (d for d in docs if d["kind"] == "ConfigMap")
+    assert yaml.safe_load(config["data"]["helperPod.yaml"])["spec"]["containers"][0]["image"] == \
+        refs["storageHelperImage"]

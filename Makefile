@@ -14,9 +14,9 @@ demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite, then the kind e2e
+test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine

@@ -16,7 +16,6 @@ demo: venv tools model ## the main job on the embedded default (see README)
 .PHONY: test
 test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine

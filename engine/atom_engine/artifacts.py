@@ -50,9 +50,15 @@ def _hash_files(path: Path) -> str:
 
 
 def model_identity(source: str, seed: int) -> dict[str, str]:
-    """The model's source and a content hash: of its files for a checkpoint directory; of the name and the seed
-    its random weights come from for a builtin."""
-    if source.startswith("builtin:") or not Path(source).is_dir():
+    """The model's source and a content hash: of its files for a checkpoint directory; of the name and the key of
+    its conversion (package pin and converter) for a converted built-in; of the name and the seed its random weights
+    come from for a built-in made in process."""
+    from atom_engine.model.builtin import lookup
+
+    builtin = lookup(source)
+    if builtin is not None and builtin.converted:
+        digest = hashlib.sha256(f"{source}\nkey={builtin.key()}".encode()).hexdigest()
+    elif builtin is not None or not Path(source).is_dir():
         digest = hashlib.sha256(f"{source}\nseed={seed}".encode()).hexdigest()
     else:
         digest = _hash_files(Path(source))

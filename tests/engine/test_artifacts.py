@@ -134,3 +134,5 @@ def test_checkpoint_hash_follows_the_files(tmp_path: Path) -> None:
     b = artifacts.model_identity(str(tmp_path), seed=0)
     assert a["source"] == b["source"] == str(tmp_path) and a["hash"] != b["hash"]
     assert artifacts.model_identity("builtin:tiny", 0) != artifacts.model_identity("builtin:tiny", 1)
+    smol = artifacts.model_identity("builtin:smollm2-135m", 0)  # pinned by its conversion key, not the seed
+    assert smol == artifacts.model_identity("builtin:smollm2-135m", 1) != artifacts.model_identity("builtin:tiny", 0)

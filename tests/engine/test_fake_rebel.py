@@ -192,3 +192,21 @@ def test_save_and_load_round_trip(rebel, tiny, tmp_path: Path) -> None:  # noqa:
     (tmp_path / "junk.rbln").write_bytes(b"not a graph")
     with pytest.raises(Exception):  # noqa: B017, PT011 - whatever torch.load says about a foreign file
         rebel.RBLNCompiledModel(tmp_path / "junk.rbln")
+
+
+def test_the_backend_names_the_device_count_as_the_installed_compiler_does(
+        rebel, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Compilers that predate ``num_devices`` take ``tensor_parallel_size`` (optimum/rbln/utils/runtime_utils.py:
+    25-37): the backend probes ``rebel.compile``'s signature as optimum does."""
+    seen: list[int] = []
+    current = rebel.compile
+
+    def older_compile(module, input_info, *, npu=None, tensor_parallel_size=None, example_inputs=None,  # noqa: ANN001, ANN202
+                      compile_context=None):
+        seen.append(tensor_parallel_size)
+        return current(module, input_info, npu=npu, num_devices=tensor_parallel_size, example_inputs=example_inputs,
+                       compile_context=compile_context)
+
+    monkeypatch.setattr(rebel, "compile", older_compile)
+    LLMEngine(EngineSettings(backend="atom", **SETTINGS))
+    assert seen == [1] * 5

@@ -75,11 +75,11 @@ class LLMEngine:
         self._step_lock = threading.Lock()
 
     # -- requests --------------------------------------------------------------------------------
-    def encode(self, prompt: str | list[int]) -> list[int]:
+    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestRejected(f"model {self.settings.model_source} has no tokenizer.json; send token ids")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:

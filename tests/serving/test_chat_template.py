@@ -67,3 +67,54 @@ def test_without_a_template_the_plain_one_is_used(tmp_path: Path) -> None:
 def test_unknown_builtin_is_refused_with_the_known_names() -> None:
     with pytest.raises(ValueError, match="not a built-in model; the built-in models are: builtin:smollm2-135m, b"):
         ChatTemplate("builtin:llama")
+
+
+WORDS = ["<s>", "</s>", "<unk>", "user", "assistant", "system", ":", "hello", "world", "how", "are", "you"]
+BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {{ eos_token }} "
+                "{% endfor %}{% if add_generation_prompt %}assistant :{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def bos_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A tiny Llama whose tokenizer adds a BOS itself (its post-processor, as Llama 3's does) and whose chat
+    template writes one too: a chat prompt must get the template's BOS only, as apply_chat_template gives."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    path = tmp_path_factory.mktemp("bos-checkpoint")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                  unk_token="<unk>")
+    hf_tok.chat_template = BOS_TEMPLATE
+    hf_tok.save_pretrained(path)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, bos_token_id=0, eos_token_id=1, pad_token_id=None)).save_pretrained(path)
+    return path, hf_tok
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_chat_prompts_are_encoded_without_the_tokenizers_own_specials(bos_checkpoint) -> None:  # noqa: ANN001
+    import aiohttp
+
+    from tests.serving.conftest import client, in_process
+
+    path, hf_tok = bos_checkpoint
+    chat = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "how are you"},
+            {"role": "user", "content": "hello"}]
+    expected = hf_tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    expected = list(expected["input_ids"] if not isinstance(expected, list) else expected)
+    assert expected[0] == 0 and expected[1] != 0  # one BOS, the template's
+    async with in_process(model_source=str(path), model_name="bos") as (_server, url):
+        r = await client(url).chat.completions.create(model="bos", messages=chat, max_tokens=2, temperature=0,
+                                                      extra_body={"return_token_ids": True})
+        assert r.prompt_token_ids == expected
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/tokenize", json={"messages": chat}) as resp:
+                assert (await resp.json())["tokens"] == expected
+            async with s.post(f"{url}/tokenize", json={"prompt": "hello world"}) as resp:  # a plain prompt: BOS added
+                assert (await resp.json())["tokens"] == hf_tok("hello world")["input_ids"] == [0, 7, 8]

@@ -10,7 +10,7 @@ class Tokenizer(Protocol):
     eos_token_id: int | None
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -26,7 +26,7 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.eos_token_id: int | None = self.EOS
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:  # noqa: ARG002 (it adds none)
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
@@ -43,8 +43,10 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = eos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``add_special_tokens``: what the tokenizer's post-processor adds (a BOS, say); a rendered chat template
+        already holds its special tokens, so chat prompts are encoded without (as HF and vLLM do)."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

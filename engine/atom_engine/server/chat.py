@@ -80,8 +80,8 @@ class ChatTemplate:
     def plain(self) -> bool:
         return self._template is None
 
-    def render(self, messages: list[ChatMessage]) -> str:
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
         if self._template is None:
             return plain_template(messages)
         return self._template.render(messages=[{"role": m.role, "content": m.text()} for m in messages],
-                                     add_generation_prompt=True, **self._specials)
+                                     add_generation_prompt=add_generation_prompt, **self._specials)

@@ -111,7 +111,7 @@ class OpenAIRoutes:
             req = parse(ChatCompletionRequest, await _json(request))
             self._check_model(req.model)
             req.check()
-            ids = self._encode(self.chat_template.render(req.messages))
+            ids = self._encode(self.chat_template.render(req.messages), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))
             return await self._serve(request, rid, "chat", req, [(None, ids)], params)
@@ -125,8 +125,11 @@ class OpenAIRoutes:
             if req.model is not None:
                 self._check_model(req.model)
             req.check()
-            text = req.prompt if req.messages is None else self.chat_template.render(req.messages)
-            ids = self._encode(text) if text else []
+            if req.messages is None:
+                text, specials = req.prompt, req.add_special_tokens
+            else:  # a rendered template holds its own special tokens (vLLM's chat default)
+                text, specials = self.chat_template.render(req.messages, req.add_generation_prompt), False
+            ids = self._encode(text, add_special_tokens=specials) if text else []
             strs = [self._text_of(t) for t in ids] if req.return_token_strs else None
             return web.json_response({"count": len(ids), "max_model_len": self.engine.settings.max_seq_len,
                                       "tokens": ids, "token_strs": strs})
@@ -159,9 +162,9 @@ class OpenAIRoutes:
             raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
                            param="model", code="model_not_found", err_type="invalid_request_error")
 
-    def _encode(self, prompt: str | list[int]) -> list[int]:
+    def _encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         try:
-            return self.engine.encode(prompt)
+            return self.engine.encode(prompt, add_special_tokens)
         except RequestRejected as exc:
             raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
 

@@ -13,8 +13,17 @@ What the node owns, and teardown removes even after a crash (:class:`NodeResourc
 * the kubelet's cgroups under ``/atom-<n>`` in every cgroup hierarchy (``cgroupRoot``), so every container
   process can be found and killed through them;
 * kube-proxy's nftables tables ``ip kube-proxy`` / ``ip6 kube-proxy`` (nftables mode: its own tables, nothing
-  interleaved with docker's iptables rules). That table name is fixed, so only one node with kube-proxy runs on
-  a machine at a time: a lock file serializes them.
+  interleaved with docker's iptables rules);
+* the kubelet's device-plugin sockets and checkpoint in ``/var/lib/kubelet/device-plugins``, and the fake-device
+  plugin's device nodes under ``<workdir>/node/npu``.
+
+kube-proxy's table name and the kubelet's device-plugin directory are fixed (the kubelet takes the directory from
+``pluginapi.KubeletSocket``, whatever its ``--root-dir``), so only one real node runs on a machine at a time: a lock
+file serializes them.
+
+The node's NPUs come from a device plugin, as on a real cluster: :mod:`atom_device_plugin` registers
+``rebellions.ai/npu`` with the kubelet and lists ``npus`` fake devices, and the kubelet's device manager advertises
+them and hands each container its ``/dev/rbln<N>`` and ``/dev/rsd0``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+from atom_device_plugin import stubs
 
 from tests.harness import tools
 from tests.harness.cluster import POD_CIDR, Cluster, HarnessError, _terminate, free_port, write_kubeconfig
@@ -45,10 +55,12 @@ NPU_LABELS = {
     "rebellions.ai/npu.product": "RBLN-CA22",
 }
 NPU_RESOURCE = "rebellions.ai/npu"  # the RBLN device plugin's default (generic names on; atom_engine.api.npu)
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # k8s.io/kubelet deviceplugin/v1beta1 DevicePluginPath
+KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"  # devicemanager/types.go kubeletDeviceManagerCheckpoint
 LOCK_FILE = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom")) / "realnode.lock"
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni caches ADD results here whatever the conf dir
 SHIM_SOCKETS = Path("/run/containerd/s")  # containerd 1.6 puts shim sockets here, named by a hash (see below)
-NODE_COMPONENTS = ("kube-proxy", "kubelet", "nodegw", "containerd")
+NODE_COMPONENTS = ("kube-proxy", "kubelet", "device-plugin", "nodegw", "containerd")
 
 
 @dataclass
@@ -87,6 +99,11 @@ class NodeResources:
     def socket(self) -> str:
         return str(Path(self.workdir) / "containerd" / "containerd.sock")
 
+    @property
+    def device_plugin_endpoint(self) -> str:
+        """The plugin's socket in the kubelet's device-plugin directory: named by the node, so it is ours alone."""
+        return f"atom-fake-npu-{self.index}.sock"
+
 
 @dataclass
 class RealNodeCluster(Cluster):
@@ -103,8 +120,7 @@ class RealNodeCluster(Cluster):
     # ---- start ---------------------------------------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         assert self.workdir is not None
-        if self.kube_proxy:
-            self._lock()
+        self._lock()
         self.resources = NodeResources(_free_index(), str(self.workdir / "node"), self.kube_proxy)
         node_dir = Path(self.resources.workdir)
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +128,7 @@ class RealNodeCluster(Cluster):
         _make_bridge(self.resources)
         self.advertise_address = self.resources.gateway
         pause = build_pause_image()  # before the control plane: a cold build must not eat its deadline
+        stubs.api()  # the device plugin's gRPC stubs, likewise (generated once per machine)
         super()._start(timeout)
         deadline = time.monotonic() + max(timeout, 120.0)
         self._start_containerd(pause, deadline)
@@ -119,7 +136,7 @@ class RealNodeCluster(Cluster):
             self.import_image(ref)
         self._start_nodegw(deadline)
         self._start_kubelet(deadline)
-        self._advertise_npus()
+        self.start_device_plugin(deadline)
         if self.kube_proxy:
             self._start_kube_proxy(deadline)
 
@@ -234,12 +251,31 @@ class RealNodeCluster(Cluster):
         conds = json.loads(out.stdout)["status"].get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
-    def _advertise_npus(self) -> None:
-        # What a device plugin's resource looks like to the scheduler: capacity and allocatable in node status.
-        # The kubelet keeps extended resources it does not manage across its own status updates (it only zeroes
-        # them when it restarts), which the node tests check after heartbeats.
-        patch = {"status": {"capacity": {NPU_RESOURCE: str(self.npus)}, "allocatable": {NPU_RESOURCE: str(self.npus)}}}
-        self.kubectl("patch", "node", NODE_NAME, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+    def start_device_plugin(self, deadline: float | None = None) -> None:
+        """Run the fake-device plugin; returns once the kubelet advertises its ``npus`` devices as allocatable."""
+        res = self.resources
+        assert res is not None
+        comp = self._spawn(
+            "device-plugin",
+            [sys.executable, "-m", "atom_device_plugin", "--resource-name", NPU_RESOURCE, "--devices", self.npus,
+             "--device-dir", Path(res.workdir) / "npu", "--plugin-dir", DEVICE_PLUGIN_DIR,
+             "--endpoint", res.device_plugin_endpoint],
+        )
+        self._wait(comp, lambda: self.node_npus("allocatable") == self.npus, deadline or time.monotonic() + 120)
+
+    def stop_device_plugin(self) -> None:
+        """Stop the plugin (SIGTERM, as a DaemonSet pod's end): the kubelet then drops the NPUs from allocatable."""
+        for c in [c for c in self.components if c.name == "device-plugin"]:
+            _terminate(c.proc)
+            self.components.remove(c)
+
+    def node_npus(self, field: str = "allocatable") -> int | None:
+        """The node's ``status.<field>`` of the NPU resource (None while the kubelet reports none)."""
+        out = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)
+        if out.returncode != 0:
+            return None
+        value = json.loads(out.stdout)["status"].get(field, {}).get(NPU_RESOURCE)
+        return None if value is None else int(value)
 
     def _start_kube_proxy(self, deadline: float) -> None:
         res = self.resources
@@ -319,9 +355,10 @@ class RealNodeCluster(Cluster):
                 if time.monotonic() > end:
                     os.close(fd)
                     raise HarnessError(
-                        f"another real node with kube-proxy runs on this machine (lock {LOCK_FILE} held for "
-                        f"{self.lock_timeout:.0f}s); kube-proxy's nftables table is machine-wide, so they cannot "
-                        "share it: stop the other one (make cluster-down) or wait for its test run to end"
+                        f"another real node runs on this machine (lock {LOCK_FILE} held for "
+                        f"{self.lock_timeout:.0f}s); kube-proxy's nftables table and the kubelet's device-plugin "
+                        "directory are machine-wide, so they cannot share them: stop the other one "
+                        "(make cluster-down) or wait for its test run to end"
                     ) from None
                 time.sleep(1)
         self._lock_fd = fd
@@ -448,6 +485,10 @@ def leftovers(res: NodeResources) -> list[str]:
         found += [f"nftables table {fam} kube-proxy" for fam in ("ip", "ip6") if _nft_has_table("kube-proxy", fam)]
     if CNI_CACHE.is_dir():
         found += [f"cni cache {p}" for p in CNI_CACHE.glob(f"{res.network}-*")]
+    # Only the plugin socket is named by the node: kubelet.sock and the checkpoint belong to whichever real node
+    # holds the lock now (teardown removes them while it still holds it).
+    if (DEVICE_PLUGIN_DIR / res.device_plugin_endpoint).exists():
+        found.append(f"device plugin socket {DEVICE_PLUGIN_DIR / res.device_plugin_endpoint}")
     if Path(res.workdir).exists():
         found.append(f"directory {res.workdir}")
     return found
@@ -497,7 +538,19 @@ def teardown(res: NodeResources) -> None:
     if CNI_CACHE.is_dir():
         for p in CNI_CACHE.glob(f"{res.network}-*"):
             p.unlink(missing_ok=True)
+    _remove_device_plugin_files(res)
     _rmtree(Path(res.workdir))
+
+
+def _remove_device_plugin_files(res: NodeResources) -> None:
+    # The kubelet's registration socket and device checkpoint, and our plugin's socket (a plugin that died by
+    # SIGKILL leaves it). The directories go too when nothing else is in them: a machine without a kubelet of its
+    # own had no /var/lib/kubelet before the node.
+    for name in ("kubelet.sock", KUBELET_CHECKPOINT, res.device_plugin_endpoint):
+        (DEVICE_PLUGIN_DIR / name).unlink(missing_ok=True)
+    for d in (DEVICE_PLUGIN_DIR, DEVICE_PLUGIN_DIR.parent):
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _rmtree(path: Path) -> None:

@@ -66,7 +66,7 @@ def helm_uninstall(cluster: Cluster) -> None:
 EXAMPLE = REPO / "examples" / "atomdeployment-pd.yaml"
 def atomdeployment(name: str | None = None) -> dict:
     """examples/atomdeployment-pd.yaml, as users apply it: decode + prefill on the cpu backend with builtin:tiny,
-    each pod taking one ATOM through resources.limits as an NPU model would."""
+    each pod taking one NPU (rebellions.ai/npu) through resources.limits as an NPU model would."""
     obj = yaml.safe_load(EXAMPLE.read_text())
     if name:
         obj["metadata"]["name"] = name

@@ -43,12 +43,13 @@ def test_teardown_after_a_crash_removes_every_container_mount_interface_and_file
         # While it runs, the node holds all it is meant to clean up; the check below is not vacuous.
         held = leftovers(res)
         for kind in ("shim pid", "process", "mount", "cgroup", f"link {res.bridge}", "iptables rule", "nftables",
-                     "directory"):
+                     "device plugin socket", "directory"):
             assert any(item.startswith(kind) for item in held), f"{kind} missing from {held}"
         assert node.get("pod", "sleeper", "-n", "default")["spec"]["nodeName"] == NODE_NAME
 
-        # A crash: kubelet and containerd die without a chance to clean up; shims and containers live on.
-        for name in ("kubelet", "containerd"):
+        # A crash: kubelet, device plugin and containerd die without a chance to clean up; shims and containers
+        # live on, and so do the plugin's socket and the kubelet's in /var/lib/kubelet/device-plugins.
+        for name in ("kubelet", "device-plugin", "containerd"):
             os.killpg(node.component(name).proc.pid, signal.SIGKILL)
             node.component(name).proc.wait(10)
     finally:

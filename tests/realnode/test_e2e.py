@@ -87,6 +87,18 @@ def test_ready_with_pods_on_the_real_node(real_node: RealNodeCluster, served: di
         # Ready means the kubelet's real HTTP probe got 200 from /ready: the model is loaded.
         assert pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+    # Each pod's NPU came from the node's device plugin: one /dev/rbln<N> (its own) and /dev/rsd0 in the container.
+    devices = {role: npu_devices(real_node, e2e_namespace, pod) for role in ("decode", "prefill")
+               for pod in scenario.running_pods(real_node, e2e_namespace, NAME, role)}
+    for role, found in devices.items():
+        assert len([d for d in found if d.startswith("/dev/rbln")]) == 1 and "/dev/rsd0" in found, (role, found)
+    assert not {d for d in devices["decode"] if d.startswith("/dev/rbln")} & set(devices["prefill"]), devices
+
+
+def npu_devices(node: RealNodeCluster, namespace: str, pod: dict) -> list[str]:
+    """The NPU device nodes inside the pod's engine container."""
+    listing = "import glob; print(*sorted(glob.glob('/dev/rbln*') + glob.glob('/dev/rsd*')))"
+    return node.kubectl("exec", "-n", namespace, pod["metadata"]["name"], "--", "python3", "-c", listing).stdout.split()
 
 
 @REALNODE

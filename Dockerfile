@@ -65,6 +65,10 @@ COPY engine/ /tmp/src/engine/
 RUN pip install --quiet --no-deps --no-build-isolation /tmp/src/engine && rm -rf /tmp/src
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin atom
+# Where builtin:<name> checkpoints are looked for (atom_engine.model.builtin): an image built FROM this one bakes a
+# converted model in with `COPY <dir printed by: python -m atom_engine.model.builtin path smollm2-135m>
+# /opt/atom/models/<that dir's name>`; without one, serve a checkpoint by path from a volume instead.
+ENV ATOM_MODELS_DIR=/opt/atom/models
 USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["atom-engine"]

@@ -57,10 +57,10 @@ def hf_reference() -> tuple[list[list[int]], list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def trained_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    """Started, not yet ready: it loads the model while the HF reference is computed (the test waits for it)."""
     tmp: Path = tmp_path_factory.mktemp("prefill-trained")
     proc = spawn(tmp, "prefill-smollm2", "prefill", {**TRAINED, "lanes": 1, "kv_blocks": 3, "prefix_cache": False})
     try:
-        wait_ready_sync(proc)
         yield proc
     finally:
         proc.kill()
@@ -69,6 +69,7 @@ def trained_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 @pytest.mark.parametrize("prefix_cache", [False, True], ids=["cache-off", "cache-on"])
 async def test_pd_chat_equals_hf_generate(trained_worker: Proc, hf_reference, prefix_cache: bool) -> None:  # noqa: ANN001
     prompts, ref = hf_reference
+    wait_ready_sync(trained_worker)
     async with in_process("decode", **TRAINED, lanes=2, kv_blocks=4 if prefix_cache else 3, prefix_cache=prefix_cache,
                           local_prefill=False, prefill_workers=trained_worker.address) as (_server, url):
         c = client(url)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,8 @@ def _dist(site: Path, name: str, module: str, version: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def sdk_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def sdk_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Both images are kept (stable tags), so a warm run rebuilds nothing."""
     docker.ensure_daemon()
     base = docker.choose_base(os.environ.get("BASE_IMAGE"))
     ctx = tmp_path_factory.mktemp("sdk-standin")
@@ -43,9 +43,7 @@ def sdk_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "RUN python3 -c \"import shutil, site; shutil.copytree('/tmp/site', site.getsitepackages()[0],"
         " dirs_exist_ok=True)\" && rm -rf /tmp/site\n")
     docker.docker("build", "--tag", STANDIN_TAG, str(ctx), timeout=600)
-    built = docker.build("engine", tag=IMAGE_TAG, build_args=[f"ENGINE_BASE_IMAGE={STANDIN_TAG}"])
-    yield built.tag
-    docker.docker("image", "rm", "--force", IMAGE_TAG, STANDIN_TAG, check=False)
+    return docker.build("engine", tag=IMAGE_TAG, build_args=[f"ENGINE_BASE_IMAGE={STANDIN_TAG}"]).tag
 
 
 def test_the_image_imports_the_bases_torch_and_sdk(sdk_image: str) -> None:

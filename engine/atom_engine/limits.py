@@ -130,10 +130,8 @@ class Rule:
         """The ``x-kubernetes-validations`` entry for this rule, placed on ``spec`` (or the root)."""
         rule = self.holds.cel if self.applies is None else f"!({self.applies.cel}) || ({self.holds.cel})"
         message = " + ".join(_cel_literal(p) if isinstance(p, str) else p.cel_string() for p in self.message)
-        entry = {"rule": rule, "messageExpression": message, "reason": "FieldValueInvalid"}
-        if not self.root:
-            entry["fieldPath"] = "." + self.field
-        return entry
+        # A root rule names its field too (metadata.name): without a fieldPath the API server reports "<nil>".
+        return {"rule": rule, "messageExpression": message, "reason": "FieldValueInvalid", "fieldPath": "." + self.field}
 
 
 def _cel_literal(text: str) -> str:

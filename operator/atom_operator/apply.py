@@ -1,8 +1,10 @@
 """Make one child as desired with as few writes as possible: none at all when it already is.
 
 A child needs a write when it is missing, when what we applied last (its applied-hash annotation) differs from
-what we want now, or when someone changed a field we own by hand. Fields others add (defaults, other managers)
-are left alone. The write is a forced server-side apply, so fields we applied before and dropped since go away.
+what we want now, or when someone changed a field we own by hand. Which fields are ours is stated in
+:mod:`atom_operator.ownership`: fields others add (defaults, other managers) are left alone, except in the few
+fields we own whole. The write is a forced server-side apply, so fields we applied before and dropped since go
+away; where a field we own whole still holds someone else's entries after it, a JSON patch replaces that field.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from atom_operator import ownership
 from atom_operator.cache import ChildCache
 from atom_operator.children.meta import APPLIED_HASH, MANAGER
 from atom_operator.kube import Kube
@@ -36,7 +39,11 @@ async def ensure(
     kind, meta = desired["kind"], desired["metadata"]
     if current is not None and not needs_write(desired, current):
         return None
-    cache.store(kind, await kube.apply(desired, MANAGER))
+    written = await kube.apply(desired, MANAGER)
+    foreign = ownership.repairs(desired, written, contains)
+    if foreign:
+        written = await kube.patch_json(kind, meta["namespace"], meta["name"], foreign, MANAGER)
+    cache.store(kind, written)
     return Change("created" if current is None else "changed", kind, meta["name"])
 
 
@@ -70,17 +77,23 @@ def needs_write(desired: dict[str, Any], current: dict[str, Any]) -> bool:
     applied = (current["metadata"].get("annotations") or {}).get(APPLIED_HASH)
     if applied != desired["metadata"]["annotations"][APPLIED_HASH]:
         return True
-    return not contains(current, desired)
+    return not contains(current, desired) or bool(ownership.repairs(desired, current, contains))
 
 
 def contains(current: Any, desired: Any) -> bool:
-    """Whether ``current`` holds every value of ``desired``; maps may hold more, lists must match item by item."""
+    """Whether ``current`` holds every value of ``desired``. Maps may hold more keys; lists of named items may hold
+    more items (matched by name: others' additions); other lists must match item by item."""
     if isinstance(desired, dict):
         return (
             isinstance(current, dict)
             and all(k in current and contains(current[k], v) for k, v in desired.items() if not _empty(v))
             and all(_empty(current.get(k)) for k, v in desired.items() if _empty(v))
         )
+    if isinstance(desired, list) and desired and all(isinstance(d, dict) and "name" in d for d in desired):
+        if not isinstance(current, list):
+            return False
+        by_name = {c.get("name"): c for c in current if isinstance(c, dict)}
+        return all(d["name"] in by_name and contains(by_name[d["name"]], d) for d in desired)
     if isinstance(desired, list):
         return (
             isinstance(current, list)

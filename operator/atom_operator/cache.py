@@ -1,9 +1,10 @@
 """The children as the watches and our own writes last showed them, so a reconcile reads no child from the API.
 
-Filled from kopf's watch events (ConfigMaps, Services, Deployments carrying our label) and from the answers to our
-own writes, which are newer than the watch event that echoes them. Every entry remembers its resourceVersion, so
-an event that arrives late never replaces something newer. A child missing here is not known to be absent (the
-watch may not have listed it yet after a start), so the reconciler asks the API server then.
+Filled from the informers (ConfigMaps, Services, Deployments controlled by an AtomDeployment) and from the answers
+to our own writes, which are newer than the watch event that echoes them. Every entry remembers its
+resourceVersion, so an event that arrives late never replaces something newer. Reconciles start only after every
+informer has listed once, and a later listing removes what it lacks (a deletion no watch reported), so a child
+missing here does not exist.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class ChildCache:
         managedFields and the status (the controller keeps the few status fields it reports on)."""
         meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
         self._objects[ref_of(kind, body)] = {**{k: v for k, v in body.items() if k != "status"}, "metadata": meta}
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [body for (k, _, _), body in self._objects.items() if k == kind]
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
         self._objects.pop((kind, namespace, name), None)

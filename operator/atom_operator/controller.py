@@ -1,9 +1,10 @@
-"""The work queue: watch events mark AtomDeployments dirty, a few workers reconcile them one key at a time.
+"""The work queue: informer events mark AtomDeployments dirty, a few workers reconcile them one key at a time.
 
 Like controller-runtime: events only enqueue a key (many events coalesce into one reconcile), a key is never
-reconciled by two workers at once, failures retry with backoff. Caches of the children and pods are kept from
-kopf's watches, so status never polls and a reconcile reads children from memory; the echo of our own write
-enqueues nothing.
+reconciled by two workers at once, failures retry with backoff, and no worker starts before every informer has
+listed once. Caches of the children and pods are kept from the informers (:mod:`atom_operator.informer`), so
+status never polls and a reconcile reads children from memory; the echo of our own write enqueues nothing; a
+listing that lacks something we knew of is a deletion no watch reported, and is repaired like one.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import time
 from typing import Any
 
 import kopf
+from atom_engine.api import GROUP, KIND
 
 from atom_operator import metrics
-from atom_operator.cache import ChildCache
+from atom_operator.cache import ChildCache, resource_version
 from atom_operator.children import Defaults
-from atom_operator.children.meta import APPLIED_HASH, DEPLOYMENT_LABEL
+from atom_operator.children.meta import APPLIED_HASH
+from atom_operator.informer import Listing, controlled_by
 from atom_operator.kube import ApiError, Kube
 from atom_operator.reconcile import Observed, reconcile
 from atom_operator.status import PodView
@@ -36,6 +39,8 @@ def _rv(body: dict[str, Any]) -> int:
 
 
 class Controller:
+    """The informers' sink (:class:`atom_operator.informer.Sink`) and the work queue behind it."""
+
     def __init__(self, kube: Kube, defaults: Defaults, workers: int = 16) -> None:
         self.kube, self.defaults = kube, defaults
         self.children = ChildCache()
@@ -44,10 +49,10 @@ class Controller:
         self._pending: dict[Key, bool] = {}  # key -> whether children must be converged (not only status)
         self._running: set[Key] = set()
         self._failures: dict[Key, int] = {}
-        # Owners created while we watch: a child of theirs missing from the cache was never made (we would have
-        # its write's answer), so nobody asks the API server about it. After a start-up listing the cache may be
-        # behind the watches, so there a missing child is looked up.
-        self._born_watched: set[Key] = set()
+        # Set once every informer has listed: until then a reconcile would see a partial world (no Deployment
+        # status yet: "0 of 1 ready", a false Ready=False written on every restart; a child not listed yet:
+        # created again). Events queue up meanwhile and are reconciled after.
+        self.synced = asyncio.Event()
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._workers = [asyncio.create_task(self._work(), name=f"reconcile-{i}") for i in range(workers)]
 
@@ -60,6 +65,64 @@ class Controller:
         await asyncio.gather(*self._workers, return_exceptions=True)
         await self.kube.close()
 
+    # ---- the informers' sink -----------------------------------------------------------------------------
+    def event(self, kind: str, type_: str | None, body: dict[str, Any], key: Key) -> None:
+        if kind == "AtomDeployment":
+            self.observe_owner(type_, body)
+        elif kind == "Deployment":
+            self.observe_deployment(type_, body, key)
+        elif kind == "Pod":
+            self.observe_pod(type_, body, key)
+        else:
+            self.observe_child(type_, body, key)
+
+    def relisted(self, listing: Listing) -> None:
+        """A complete listing: what we knew of and it lacks was deleted while no watch saw it (a tombstone);
+        then every listed object, as a resync."""
+        listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b, _ in listing.items}
+
+        def vanished(namespace: str, name: str, version: int) -> bool:
+            # Newer than the listing: our own write's answer, made after the listing was taken; not a tombstone.
+            in_scope = listing.namespace is None or namespace == listing.namespace
+            return in_scope and (namespace, name) not in listed and version <= listing.resource_version
+
+        tombstones = 0
+        if listing.kind == "AtomDeployment":
+            for key, body in list(self.owners.items()):
+                if vanished(*key, _rv(body)):
+                    tombstones += 1
+                    self.observe_owner("DELETED", body)
+        elif listing.kind == "Pod":
+            for key, seen in list(self.observed.items()):
+                for name in [n for n in seen.pods if vanished(key[0], n, 0)]:
+                    tombstones += 1
+                    self._drop_pod(key, name)
+        else:
+            for body in self.children.of_kind(listing.kind):
+                meta = body["metadata"]
+                if vanished(meta["namespace"], meta["name"], resource_version(body)):
+                    tombstones += 1
+                    self._vanished_child(listing.kind, body)
+            if listing.kind == "Deployment":  # the slim copies status reads, should the cache have lost one
+                for key, seen in list(self.observed.items()):
+                    for name in [n for n in seen.deployments if vanished(key[0], n, 0)]:
+                        seen.deployments.pop(name, None)
+                        self._forget_if_gone(key)
+                        self.enqueue(key)
+        if tombstones:
+            log.info("event=tombstones kind=%s count=%d", listing.kind, tombstones)
+        for body, key in listing.items:
+            self.event(listing.kind, None, body, key)
+
+    def _vanished_child(self, kind: str, body: dict[str, Any]) -> None:
+        key = controlled_by(KIND, GROUP)(body)
+        self.children.forget(kind, body["metadata"]["namespace"], body["metadata"]["name"])
+        if kind == "Deployment" and key is not None:
+            self.observed.get(key, Observed()).deployments.pop(body["metadata"]["name"], None)
+            self._forget_if_gone(key)
+        if key is not None:
+            self.enqueue(key)
+
     # ---- watch events ------------------------------------------------------------------------------------
     def observe_owner(self, event: str | None, body: dict[str, Any]) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -67,33 +130,29 @@ class Controller:
             self.owners.pop(key, None)
             self.observed.pop(key, None)
             self._failures.pop(key, None)
-            self._born_watched.discard(key)
             metrics.OBJECTS.set(len(self.owners))
             return
         old = self.owners.get(key)
         if old is not None and _rv(old) > _rv(body):
             return  # our own status patch already stored something newer
         self.owners[key] = body
-        if event == "ADDED":
-            self._born_watched.add(key)
         metrics.OBJECTS.set(len(self.owners))
         meta, old_meta = body["metadata"], (old or {}).get("metadata", {})
-        # A listing (event None: start-up or a re-list) is a resync; otherwise only spec changes need children.
+        # A listing (event None: start-up, a reconnect, a resync) is a resync; otherwise only spec changes need
+        # children.
         if event is None or meta.get("generation") != old_meta.get("generation") or meta["uid"] != old_meta.get("uid"):
             self.enqueue(key)
 
-    def observe_deployment(self, event: str | None, body: dict[str, Any]) -> None:
-        key = self._owner_key(body)
-        if key is None:
-            return
+    def observe_deployment(self, event: str | None, body: dict[str, Any], key: Key) -> None:
         name = body["metadata"]["name"]
         known = self.children.get("Deployment", key[0], name)
-        if known is not None and _rv(known) > _rv(body):
+        if known is not None and _rv(known) > _rv(body) and event != "DELETED":
             return  # a late event: the answer to our own write already showed something newer
         news = self.children.seen("Deployment", event, body)
         deployments = self.observed.setdefault(key, Observed()).deployments
         old = deployments.pop(name, None)
         if event == "DELETED":
+            self.children.forget("Deployment", key[0], name)
             self._forget_if_gone(key)
             self.enqueue(key)
             return
@@ -112,37 +171,36 @@ class Controller:
         touched = news and (old is None or old["metadata"] != slim["metadata"])
         self.enqueue(key, children=touched or event is None)
 
-    def observe_child(self, event: str | None, body: dict[str, Any]) -> None:
+    def observe_child(self, event: str | None, body: dict[str, Any], key: Key) -> None:
         """ConfigMaps and Services: any change but our own write's echo might be a hand edit or deletion to undo."""
-        key = self._owner_key(body)
-        if key is not None and self.children.seen(body["kind"], event, body):
+        if event == "DELETED":
+            # Also when it only stopped being ours (its owner reference removed): gone from the cache either way.
+            self.children.forget(body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+            self.enqueue(key)
+        elif self.children.seen(body["kind"], event, body):
             self.enqueue(key)
 
-    def observe_pod(self, event: str | None, body: dict[str, Any]) -> None:
-        key = self._owner_key(body)
-        if key is None:
-            return
+    def observe_pod(self, event: str | None, body: dict[str, Any], key: Key) -> None:
         pods = self.observed.setdefault(key, Observed()).pods
         name = body["metadata"]["name"]
-        old = pods.get(name)
         if event == "DELETED" or body["metadata"].get("deletionTimestamp"):
-            pods.pop(name, None)
-            self._forget_if_gone(key)
-            view = None
-        else:
-            view = pods[name] = PodView.of(body)
-        if view != old:
+            self._drop_pod(key, name)
+            return
+        view = PodView.of(body)
+        if pods.get(name) != view:
+            pods[name] = view
             self.enqueue(key, children=False)
+
+    def _drop_pod(self, key: Key, name: str) -> None:
+        if self.observed.get(key, Observed()).pods.pop(name, None) is not None:
+            self.enqueue(key, children=False)
+        self._forget_if_gone(key)
 
     def _forget_if_gone(self, key: Key) -> None:
         # Garbage collection deletes the children after their owner; drop what is left of it then.
         seen = self.observed.get(key)
         if key not in self.owners and seen is not None and not seen.pods and not seen.deployments:
             del self.observed[key]
-
-    def _owner_key(self, body: dict[str, Any]) -> Key | None:
-        owner = (body["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL)
-        return (body["metadata"]["namespace"], owner) if owner else None
 
     # ---- the queue ---------------------------------------------------------------------------------------
     def enqueue(self, key: Key, children: bool = True) -> None:
@@ -160,6 +218,7 @@ class Controller:
         asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
     async def _work(self) -> None:
+        await self.synced.wait()
         while True:
             key = await self._queue.get()
             children = self._pending.pop(key, True)
@@ -185,7 +244,9 @@ class Controller:
                 self.defaults,
                 self.children,
                 children_too=children,
-                cache_is_complete=key in self._born_watched,
+                # The informers listed every child before any reconcile and keep the cache since: a child it
+                # lacks does not exist (or its deletion is on its way as an event, which reconciles again).
+                cache_is_complete=True,
             )
         except kopf.TemporaryError as e:
             metrics.RECONCILES.labels("retry").inc()

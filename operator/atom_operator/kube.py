@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,6 +24,7 @@ KINDS = {
     "Event": ("/api/v1", "events"),
     "Pod": ("/api/v1", "pods"),
     "Deployment": ("/apis/apps/v1", "deployments"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "AtomDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
@@ -65,9 +67,10 @@ class Failpoint:
                 os._exit(137)  # as abrupt as SIGKILL: no cleanup, nothing flushed
 
 
-def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+    """The object's (or, without a name, the collection's) URL path; ``namespace`` None: every namespace."""
     prefix, plural = KINDS[kind]
-    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace is not None else f"{prefix}/{plural}"
     if name:
         out += f"/{quote(name)}"
     if subresource:
@@ -86,6 +89,8 @@ class Kube:
             timeout=TIMEOUT,
         )
         self.failpoint = Failpoint.from_env()
+        self._info = info
+        self._watch_session: aiohttp.ClientSession | None = None
 
     @classmethod
     async def login(cls, settings: kopf.OperatorSettings) -> Kube:
@@ -96,6 +101,8 @@ class Kube:
 
     async def close(self) -> None:
         await self.session.close()
+        if self._watch_session is not None:
+            await self._watch_session.close()
 
     async def request(
         self,
@@ -160,6 +167,21 @@ class Kube:
         self._wrote(namespace)
         return out
 
+    async def patch_json(
+        self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]], manager: str
+    ) -> dict[str, Any]:
+        """A JSON patch (RFC 6902): replaces a whole field, which server-side apply cannot do where the field is
+        a granular map or list that another manager added to."""
+        out = await self.request(
+            "PATCH",
+            path(kind, namespace, name),
+            ops,
+            content_type="application/json-patch+json",
+            params={"fieldManager": manager},
+        )
+        self._wrote(namespace)
+        return out
+
     async def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete (in the background); False when it was already gone. ``uid``: only that incarnation."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
@@ -179,3 +201,66 @@ class Kube:
         out = await self.request("POST", path(obj["kind"], meta["namespace"]), obj)
         self._wrote(meta["namespace"])
         return out
+
+    async def list(
+        self, kind: str, namespace: str | None, label_selector: str | None = None, page: int = 500
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object of ``kind`` (in pages) and the collection's resourceVersion, the point a watch starts from."""
+        items: list[dict[str, Any]] = []
+        params = {"limit": str(page)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        while True:
+            out = await self.request("GET", path(kind, namespace), params=params)
+            items.extend(out.get("items") or [])
+            more = (out.get("metadata") or {}).get("continue")
+            if not more:
+                return items, (out.get("metadata") or {}).get("resourceVersion", "")
+            params["continue"] = more
+
+    async def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        resource_version: str,
+        timeout_seconds: int,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events of ``kind`` after ``resource_version``, until the server ends the watch (after
+        ``timeout_seconds``) or the connection breaks (``kopf.TemporaryError``). Long-lived, so on a session of
+        its own: the watches never take the connections the reconcile workers need."""
+        if self._watch_session is None:
+            self._watch_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._info.as_ssl_context()),
+                headers=dict(self.session.headers),
+                # No total limit: a watch lasts timeout_seconds; silence for longer than that means a dead link.
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=timeout_seconds + 30),
+            )
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        url = self.server + path(kind, namespace) + "?" + urlencode(params)
+        try:
+            async with self._watch_session.get(url) as resp:
+                if resp.status >= 400:
+                    text = await resp.text()
+                    try:
+                        body: Any = json.loads(text)
+                    except ValueError:
+                        body = text
+                    raise kopf.TemporaryError(f"watch {kind}: {ApiError(resp.status, body)}", delay=RETRY_DELAY)
+                buffer = b""
+                # Line by line, whatever the size of an object (aiohttp's readline stops at 64 KiB).
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            raise kopf.TemporaryError(f"watch {kind}: {e!r}", delay=RETRY_DELAY) from e

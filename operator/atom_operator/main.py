@@ -1,6 +1,9 @@
 """The kopf entry module (``kopf run -m atom_operator.main``): operator settings and thin handlers.
 
-Handlers only adapt kopf's arguments and call plain functions (:mod:`atom_operator.admission`, ...).
+Handlers only adapt kopf's arguments and call plain functions (:mod:`atom_operator.admission`, ...). kopf serves
+the webhook and its indexes; the reconciler watches through its own informers (:mod:`atom_operator.informer`),
+which list again after every broken watch and every resync period, as kopf's watches do not tell what vanished
+while they were down.
 """
 
 from __future__ import annotations
@@ -13,10 +16,6 @@ import kopf
 from atom_engine.api import GROUP, PLURAL, VERSION
 
 from atom_operator import admission, runtime, webhook
-from atom_operator.children.meta import DEPLOYMENT_LABEL
-
-# Only the children the reconciler labelled (never every pod or ConfigMap in the cluster) reach its handlers.
-CHILD = {DEPLOYMENT_LABEL: kopf.PRESENT}
 
 
 @kopf.on.startup()
@@ -28,47 +27,25 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    # Reconnect watches every few minutes so a silently dropped connection cannot stall the operator for long.
+    # kopf's own watches (the webhook's indexes) reconnect every few minutes, so a silently dropped connection
+    # cannot stall them for long.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     # Handler log lines become Events only from WARNING up; the reconciler posts its own Events explicitly.
     settings.posting.level = logging.WARNING
-    # Every watch event runs one of our event handlers, and kopf logs "Handler ... succeeded." for each at INFO:
-    # ~7,500 lines for 500 AtomDeployments created, none of them news. Its warnings and errors still show; the
-    # reconciler logs one line per reconcile itself.
+    # kopf logs "Handler ... succeeded." at INFO for every index update and admission review, none of them news.
+    # Its warnings and errors still show; the reconciler logs one line per reconcile itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.admission.server = webhook.server_from_env()
     settings.admission.managed = os.environ.get("ATOM_WEBHOOK_MANAGED") or None
-    # The reconciler: its work queue, API client, and /metrics + /healthz (the liveness endpoint).
+    # The reconciler: its informers, work queue, API client, and /metrics, /healthz (liveness), /readyz (readiness).
     memo.runtime = await runtime.start(settings)
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     await memo.runtime.stop()
-
-
-# Reconciler: every watch event only marks an AtomDeployment dirty; the controller's workers converge it.
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def atomdeployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.controller.observe_owner(type, dict(body))
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD)
-def deployment_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.controller.observe_deployment(type, dict(body))
-
-
-@kopf.on.event("v1", "configmaps", labels=CHILD)
-@kopf.on.event("v1", "services", labels=CHILD)
-def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.controller.observe_child(type, dict(body))
-
-
-@kopf.on.event("v1", "pods", labels=CHILD)
-def pod_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.controller.observe_pod(type, dict(body))
 
 
 @kopf.index("nodes")

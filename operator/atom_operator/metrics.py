@@ -1,4 +1,5 @@
-"""The operator's Prometheus metrics and its HTTP endpoint (/metrics, /healthz for the liveness probe)."""
+"""The operator's Prometheus metrics and its HTTP endpoint: /metrics, /healthz (liveness: the workers and
+informers run), /readyz (readiness: and every informer has listed once, so the operator acts on a full view)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,16 @@ DURATION = Histogram(
 )
 WRITES = Counter("atom_operator_child_writes_total", "Children written, by action.", ["action"], registry=REGISTRY)
 QUEUE = Gauge("atom_operator_queue_depth", "AtomDeployments waiting to be reconciled.", registry=REGISTRY)
+RELISTS = Counter(
+    "atom_operator_relists_total",
+    "Complete listings by the informers (start, every broken or expired watch, every resync), by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
 OBJECTS = Gauge("atom_operator_atomdeployments", "AtomDeployments the operator watches.", registry=REGISTRY)
 
 
-async def serve(addr: str, port: int, alive: Callable[[], bool]) -> aiohttp.web.AppRunner:
+async def serve(addr: str, port: int, alive: Callable[[], bool], ready: Callable[[], bool]) -> aiohttp.web.AppRunner:
     async def metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -34,9 +41,17 @@ async def serve(addr: str, port: int, alive: Callable[[], bool]) -> aiohttp.web.
         # Alive while the reconcile workers run; a dead worker pool cannot heal itself, so let the kubelet restart.
         return aiohttp.web.Response(text="ok\n") if alive() else aiohttp.web.Response(status=503, text="workers down\n")
 
+    async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        if not alive():
+            return aiohttp.web.Response(status=503, text="workers down\n")
+        if not ready():
+            return aiohttp.web.Response(status=503, text="caches syncing\n")
+        return aiohttp.web.Response(text="ok\n")
+
     app = aiohttp.web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     runner = aiohttp.web.AppRunner(app, access_log=None)
     await runner.setup()
     await aiohttp.web.TCPSite(runner, addr, port).start()

@@ -131,20 +131,20 @@ def compute(
             if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
                 degraded.append(f"{role}: {c.get('message') or c.get('reason')}")
     previous = {c["type"]: c for c in (old or {}).get("conditions") or [] if "type" in c}
-    ready = not progress
+    # No decode pod: nothing answers a client, however complete the rollout (0/0) is.
+    scaled_to_zero = owner.spec.decode.replicas == 0
+    ready = not progress and not scaled_to_zero
+    if ready:
+        reason, message = "AllReplicasReady", ", ".join(done)
+    elif scaled_to_zero:
+        reason, message = "ScaledToZero", "decode.replicas is 0: no pod serves the endpoint"
+    else:
+        reason, message = "ReplicasNotReady", "; ".join(progress)
     out["conditions"] = [
-        _condition(
-            "Ready",
-            ready,
-            "AllReplicasReady" if ready else "ReplicasNotReady",
-            ", ".join(done) if ready else "; ".join(progress),
-            generation,
-            previous,
-            now,
-        ),
+        _condition("Ready", ready, reason, message, generation, previous, now),
         _condition(
             "Progressing",
-            not ready,
+            bool(progress),
             "RollingOut" if progress else "RolloutComplete",
             "; ".join(progress) or "every role runs the current spec",
             generation,
@@ -163,6 +163,7 @@ def compute(
             now,
         ),
     ]
-    out["endpoint"] = endpoint(owner)
+    # Advertised only while something serves it (None: the merge patch removes it).
+    out["endpoint"] = None if scaled_to_zero else endpoint(owner)
     out["selector"] = selector_string(owner, "decode")
     return out

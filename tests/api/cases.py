@@ -153,10 +153,10 @@ INVALID = [
     Case(
         "name-49",
         spec(),
-        ("metadata.name must be at most 48 characters", "got 49"),
+        ("metadata.name: ", "metadata.name must be at most 48 characters", "got 49"),
         name="n" * (limits.NAME_MAX_LENGTH + 1),
     ),
-    Case("name-63", spec(), ("metadata.name must be at most 48", "got 63"), name="m" * 63),
+    Case("name-63", spec(), ("metadata.name: ", "metadata.name must be at most 48", "got 63"), name="m" * 63),
     # Wrong types: no coercion, on any path.
     Case("lanes-string", spec({"lanes": "4"}), ("decode.lanes", "integer")),
     Case("lanes-float", spec({"lanes": 2.5}), ("decode.lanes", "integer")),

@@ -402,6 +402,11 @@ def needed_permissions() -> set[tuple[str, str]]:
         resource = f"{handler.selector.plural or handler.selector.any_name}"
         qualified = f"{resource}.{group}" if group else resource
         needs |= {("list", qualified), ("watch", qualified)}
+    # The reconciler's informers (list, then watch).
+    for kind, _, _ in runtime.WATCHED:
+        prefix, plural = kube.KINDS[kind]
+        group = prefix.split("/")[2] if prefix.startswith("/apis/") else ""
+        needs |= {(verb, f"{plural}.{group}" if group else plural) for verb in ("list", "watch")}
     # kopf rescans an API group when a CRD changes.
     needs |= {(verb, "customresourcedefinitions.apiextensions.k8s.io") for verb in ("list", "watch")}
     for kind, (prefix, plural) in kube.KINDS.items():

@@ -262,52 +262,8 @@ class Cluster:
         )
         self._wait(etcd, lambda: _http_ok(f"{etcd_url}/health"), deadline)
 
-        api = self._spawn(
-            "kube-apiserver",
-            [
-                binaries["kube-apiserver"],
-                "--etcd-servers",
-                etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                self.advertise_address,
-                "--secure-port",
-                str(api_port),
-                "--tls-cert-file",
-                str(serving.cert),
-                "--tls-private-key-file",
-                str(serving.key),
-                "--client-ca-file",
-                str(ca.pair.cert),
-                "--authorization-mode",
-                "Node,RBAC",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc.cluster.local",
-                "--service-account-key-file",
-                str(sa.cert),
-                "--service-account-signing-key-file",
-                str(sa.key),
-                "--service-cluster-ip-range",
-                SERVICE_CIDR,
-                "--allow-privileged=true",
-                "--kubelet-preferred-address-types",
-                "Hostname,InternalIP",
-                "--kubelet-client-certificate",
-                str(self.kubelet_client.cert),
-                "--kubelet-client-key",
-                str(self.kubelet_client.key),
-                "--kubelet-certificate-authority",
-                str(ca.pair.cert),
-                "--audit-policy-file",
-                str(wd / "audit-policy.yaml"),
-                "--audit-log-path",
-                str(self.audit_log),
-                "--audit-log-format",
-                "json",
-                "--profiling=false",
-            ],
-        )
+        self._api_inputs = (wd, ca, serving, sa, binaries, etcd_url)
+        api = self._spawn("kube-apiserver", self._apiserver_argv(api_port, self.audit_log))
         self._wait(api, self._readyz, deadline)
 
         common = ["--bind-address", "127.0.0.1", "--leader-elect=false", "--profiling=false"]
@@ -391,6 +347,34 @@ class Cluster:
         self._wait_default_service_account(deadline)
         self.add_nodes(self.nodes, deadline=deadline)
 
+    def _apiserver_argv(self, port: int, audit_log: Path) -> list[object]:
+        """kube-apiserver's command line; every instance (see ``start_apiserver``) shares etcd and certificates."""
+        wd, ca, serving, sa, binaries, etcd_url = self._api_inputs
+        flags = {
+            "--etcd-servers": etcd_url,
+            "--bind-address": "127.0.0.1",
+            "--advertise-address": self.advertise_address,
+            "--secure-port": port,
+            "--tls-cert-file": serving.cert,
+            "--tls-private-key-file": serving.key,
+            "--client-ca-file": ca.pair.cert,
+            "--authorization-mode": "Node,RBAC",
+            "--service-account-issuer": "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file": sa.cert,
+            "--service-account-signing-key-file": sa.key,
+            "--service-cluster-ip-range": SERVICE_CIDR,
+            "--allow-privileged": "true",
+            "--kubelet-preferred-address-types": "Hostname,InternalIP",
+            "--kubelet-client-certificate": self.kubelet_client.cert,
+            "--kubelet-client-key": self.kubelet_client.key,
+            "--kubelet-certificate-authority": ca.pair.cert,
+            "--audit-policy-file": wd / "audit-policy.yaml",
+            "--audit-log-path": audit_log,
+            "--audit-log-format": "json",
+            "--profiling": "false",
+        }
+        return [binaries["kube-apiserver"], *(f"{flag}={value}" for flag, value in flags.items())]
+
     def stop(self) -> None:
         for c in reversed(self.components):
             _terminate(c.proc)
@@ -468,6 +452,27 @@ class Cluster:
 
     def component(self, name: str) -> Component:
         return next(c for c in self.components if c.name == name)
+
+    # ---- more API servers (an HA control plane) --------------------------------------------------------
+    def start_apiserver(self, name: str, port: int | None = None, timeout: float = 60.0) -> str:
+        """Another kube-apiserver on the same etcd (as in an HA control plane); its URL. A client of it can lose
+        its API server (``stop_component``) while the cluster stays writable through the first one. Restart it
+        on the same port by calling this again with that port. Its writes are audited in ``<name>.audit.log``."""
+        assert self.workdir is not None
+        port = port or free_port()
+        with contextlib.suppress(StopIteration):
+            self.components.remove(self.component(name))
+        comp = self._spawn(name, self._apiserver_argv(port, self.workdir / f"{name}.audit.log"))
+        url = f"https://127.0.0.1:{port}"
+        self._wait(comp, lambda: _http_ok(f"{url}/readyz", self._ssl()), time.monotonic() + timeout)
+        return url
+
+    def stop_component(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one component at once (SIGKILL: as a crash or a lost machine would)."""
+        comp = self.component(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(comp.proc.pid, sig)
+        comp.proc.wait(30)
 
     # ---- internals -------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: Sequence[object]) -> Component:

@@ -25,8 +25,9 @@ MODULES = ("atom_operator.main", "tests.api.probe")  # the probe serves the API 
 
 
 class OperatorProcess:
-    def __init__(self, cluster, workdir: Path) -> None:
-        self.cluster, self.workdir = cluster, workdir
+    def __init__(self, cluster, workdir: Path, server: str | None = None) -> None:
+        """``server``: the API server to talk to (default: the cluster's first)."""
+        self.cluster, self.workdir, self.server = cluster, workdir, server or cluster.server
         self.kubeconfig, self.user = self._identity()
         self.ca, self.cert, self.key = webhook.make_certificates(workdir / "webhook", ["127.0.0.1"])
         self.webhook_port, self.metrics_port = free_port(), free_port()
@@ -41,7 +42,7 @@ class OperatorProcess:
 
         pair = ca.issue("atom-operator", USER, orgs=("system:masters",), client=True)
         path = write_kubeconfig(
-            self.workdir / "operator.kubeconfig", self.cluster.server, self.cluster.ca_file, pair, USER
+            self.workdir / "operator.kubeconfig", self.server, self.cluster.ca_file, pair, USER
         )
         return path, USER
 
@@ -75,16 +76,17 @@ class OperatorProcess:
         if wait:
             self.wait_healthy()
 
-    def healthy(self) -> bool:
+    def healthy(self, probe: str = "healthz") -> bool:
+        """``healthz``: alive (the liveness probe); ``readyz``: and every cache has synced (the readiness probe)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/{probe}", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
 
-    def wait_healthy(self, timeout: float = 120) -> None:
+    def wait_healthy(self, timeout: float = 120, probe: str = "readyz") -> None:
         end = time.monotonic() + timeout
-        while not self.healthy():
+        while not self.healthy(probe):
             if self.proc is None or self.proc.poll() is not None or time.monotonic() > end:
                 raise RuntimeError("operator did not come up:\n" + self.log()[-4000:])
             time.sleep(0.2)

@@ -140,7 +140,7 @@ def test_rngd_prefill_requests_rngd_on_rngd_nodes_and_runs_the_prefill_role() ->
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert dep["spec"]["replicas"] == 1
-    assert c["resources"] == {"limits": {"furiosa.ai/rngd": "2"}}
+    assert c["resources"]["limits"]["furiosa.ai/rngd"] == "2"
     assert pod["nodeSelector"] == {"furiosa.ai/npu.family": "rngd"}
     assert c["command"][2:4] == ["--role", "prefill"]
     # furiosa-torch pins its own torch: rngd pods run the engine-rngd image, whatever spec.image says for the rest.
@@ -182,7 +182,7 @@ def test_a_roles_own_image_wins() -> None:
 def test_cpu_backend_requests_no_npu_and_needs_no_npu_node() -> None:
     o = owner(decode={"backend": "cpu", "npusPerReplica": 0})
     pod = by_kind(o)[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
-    assert "resources" not in pod["containers"][0]
+    assert set(pod["containers"][0]["resources"]["limits"]) == {"memory"}  # no NPU, only the sized default
     assert "nodeSelector" not in pod
     settings = yaml.safe_load(by_kind(o)[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
     assert settings["numDevices"] == 1  # the engine's default; the cpu backend ignores it
@@ -269,10 +269,27 @@ def test_pods_request_the_clusters_resource_names_and_select_its_labels() -> Non
     kids = build_children(owner(**PD), replace(DEFAULTS, npu=LEGACY)).desired
     pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in kids if c["kind"] == "Deployment"}
     decode, prefill = pods["llm-decode"], pods["llm-prefill"]
-    assert decode["containers"][0]["resources"] == {"limits": {"rebellions.ai/ATOM": "4"}}
+    npus = {r: q for r, q in decode["containers"][0]["resources"]["limits"].items() if "/" in r}
+    assert npus == {"rebellions.ai/ATOM": "4"}
     assert decode["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
-    assert prefill["containers"][0]["resources"] == {"limits": {"furiosa.ai/rngd-2core.12gb": "2"}}
+    npus = {r: q for r, q in prefill["containers"][0]["resources"]["limits"].items() if "/" in r}
+    assert npus == {"furiosa.ai/rngd-2core.12gb": "2"}
     assert prefill["nodeSelector"] == {"furiosa.ai/npu.product": "rngd-max"}
     # The default profile names neither: one source of truth decides, nothing else spells a resource name.
     default = by_kind(owner(**PD))[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
-    assert default["containers"][0]["resources"] == {"limits": {"rebellions.ai/npu": "4"}}
+    npus = {r: q for r, q in default["containers"][0]["resources"]["limits"].items() if "/" in r}
+    assert npus == {"rebellions.ai/npu": "4"}
+
+
+def test_network_policies_let_clients_reach_decode_and_only_decode_reach_prefill() -> None:
+    with_policy = Defaults(image="example.invalid/atom-engine:test", network_policy=True)
+    children = build_children(owner(**PD), with_policy)
+    policies = {c["metadata"]["name"]: c["spec"] for c in children.desired if c["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"llm", "llm-prefill"}
+    decode, prefill = policies["llm"], policies["llm-prefill"]
+    assert decode["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "decode"
+    assert all("from" not in rule for rule in decode["ingress"])  # any client
+    http = next(r for r in prefill["ingress"] if r["ports"] == [{"port": 8000, "protocol": "TCP"}])
+    assert http["from"] == [{"podSelector": {"matchLabels": decode["podSelector"]["matchLabels"]}}]
+    assert not any(c["kind"] == "NetworkPolicy" for c in build_children(owner(**PD), DEFAULTS).desired)
+    assert ("NetworkPolicy", "llm-prefill") in build_children(owner(), with_policy).absent

@@ -7,7 +7,8 @@ import copy
 from atom_engine.api import AtomDeploymentSpec
 from atom_operator.apply import contains, needs_write
 from atom_operator.children import Defaults, Owner, build_children
-from atom_operator.children.meta import APPLIED_HASH
+from atom_operator.children.meta import APPLIED_HASH, DEPLOYMENT_LABEL
+from atom_operator.ownership import repairs
 from atom_operator.status import PodView, compute, pending_message
 
 
@@ -44,14 +45,57 @@ def test_a_hand_edited_field_needs_a_write() -> None:
     assert needs_write(desired, current)
 
 
-def test_a_removed_list_item_or_an_extra_container_needs_a_write() -> None:
+def test_a_removed_list_item_needs_a_write() -> None:
     desired = deployment()
     current = as_stored(desired)
     current["spec"]["template"]["spec"]["containers"][0]["ports"].pop()
     assert needs_write(desired, current)
+
+
+def test_others_additions_outside_the_fields_we_own_whole_are_left_alone() -> None:
+    desired = deployment()
     current = as_stored(desired)
-    current["spec"]["template"]["spec"]["containers"].append({"name": "sidecar"})
+    pod = current["spec"]["template"]["spec"]
+    pod["containers"].append({"name": "sidecar", "image": "mesh:1", "env": [{"name": "A", "value": "1"}]})
+    pod["volumes"].append({"name": "mesh-certs", "emptyDir": {}})
+    current["metadata"]["labels"]["team"] = "search"
+    current["metadata"]["annotations"]["other.example/note"] = "x"
+    assert not needs_write(desired, current)
+
+
+def test_an_env_var_added_to_the_engine_container_is_foreign_and_replaced_whole() -> None:
+    desired = deployment()
+    current = as_stored(desired)
+    current["spec"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar", "image": "mesh:1"})
+    current["spec"]["template"]["spec"]["containers"][1]["env"].append({"name": "DEBUG", "value": "1"})
     assert needs_write(desired, current)
+    ops = repairs(desired, current, contains)
+    want = desired["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert ops == [
+        {"op": "test", "path": "/spec/template/spec/containers/1/name", "value": "engine"},
+        {"op": "replace", "path": "/spec/template/spec/containers/1/env", "value": want},
+    ]
+
+
+def test_a_selector_key_added_by_hand_needs_a_write_and_our_removed_label_too() -> None:
+    service = next(c for c in build_children(owner(), Defaults()).desired if c["kind"] == "Service")
+    current = copy.deepcopy(service)
+    current["spec"]["selector"]["extra"] = "x"
+    assert needs_write(service, current)
+    assert repairs(service, current, contains) == [
+        {"op": "replace", "path": "/spec/selector", "value": service["spec"]["selector"]}
+    ]
+    current = copy.deepcopy(service)
+    del current["metadata"]["labels"][DEPLOYMENT_LABEL]
+    assert needs_write(service, current) and repairs(service, current, contains) == []
+
+
+def test_a_configmap_key_added_by_hand_is_removed() -> None:
+    config = next(c for c in build_children(owner(), Defaults()).desired if c["kind"] == "ConfigMap")
+    current = copy.deepcopy(config)
+    current["data"]["extra.yaml"] = "lanes: 99\n"
+    assert needs_write(config, current)
+    assert repairs(config, current, contains)[-1]["path"] == "/data"
 
 
 def test_a_spec_change_that_only_removes_a_field_needs_a_write_through_the_applied_hash() -> None:
@@ -111,3 +155,17 @@ def test_status_is_ready_only_when_every_role_rolled_out_and_keeps_transition_ti
         == "app.kubernetes.io/component=decode,app.kubernetes.io/instance=llm,app.kubernetes.io/name=atom-engine"
     )
     assert compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], second, "T3") == second
+
+
+def test_zero_decode_replicas_is_not_ready_scaled_to_zero_and_advertises_no_endpoint() -> None:
+    o = owner(decode={"replicas": 0})
+    desired = next(c for c in build_children(o, Defaults()).desired if c["kind"] == "Deployment")
+    dep = as_stored(desired)
+    dep["status"] = {"observedGeneration": 1}  # 0/0: rolled out, nothing to wait for
+    h = desired["metadata"]["annotations"][APPLIED_HASH]
+    out = compute(o, 1, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], None, "T1")
+    cond = {c["type"]: c for c in out["conditions"]}
+    assert (cond["Ready"]["status"], cond["Ready"]["reason"]) == ("False", "ScaledToZero")
+    assert cond["Progressing"]["status"] == "False"
+    assert out["endpoint"] is None
+    assert out["decode"]["summary"] == "0/0"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import yaml
@@ -235,23 +234,3 @@ def test_operator_killed_in_the_middle_of_a_create_converges(
     for component in ("decode", "prefill"):
         assert len(pods(cluster, namespace, component)) == spec[component]["replicas"]
     assert len(cluster.get("replicasets", "-n", namespace)["items"]) == 2
-
-
-def test_a_resync_with_nothing_changed_sends_no_write(cluster, op: OperatorProcess, namespace) -> None:
-    create(cluster, namespace, **PD)
-    wait_for(lambda: ready(cluster, namespace), "Ready")
-    # Settled: every reconcile the last events caused has run once nothing more is written.
-    settled = wait_for(lambda: (n := len(op.writes(namespace))) and _still(op, namespace, n), "writes settled")
-    since = op.log_offset()
-    op.stop(signal.SIGTERM)
-    op.start()  # start-up lists every object: a full resync of children and status
-    op.wait_log(rf"reconciled namespace={namespace} name=llm children=True writes=0", since=since)
-    assert op.writes(namespace)[settled:] == []
-    assert len(op.writes(namespace)) == settled
-
-
-def _still(op: OperatorProcess, namespace: str, n: int) -> int | None:
-    import time
-
-    time.sleep(2)
-    return n if len(op.writes(namespace)) == n else None

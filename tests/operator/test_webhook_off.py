@@ -24,6 +24,7 @@ def test_operator_starts_and_reconciles_with_the_webhook_off(cluster, operator_p
         "ATOM_WEBHOOK": "off",
         "ATOM_METRICS_ADDR": "127.0.0.1",
         "ATOM_METRICS_PORT": str(port),
+        "ATOM_NAMESPACES": namespace,
     }
     log = tmp_path / "operator.log"
     # Watching only this test's namespace, so it never competes with the session's operator.

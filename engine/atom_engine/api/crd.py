@@ -86,7 +86,8 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declared so that a root rule's fieldPath can name .metadata.name (the API server checks the path).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec,
             "status": _schema(AtomDeploymentStatus),
         },

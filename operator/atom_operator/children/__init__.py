@@ -15,6 +15,7 @@ from atom_operator.children.meta import (
     prefill_service_name,
     workload_name,
 )
+from atom_operator.children.networkpolicy import build_network_policy
 from atom_operator.children.service import build_prefill_service, build_service, endpoint
 from atom_operator.children.workload import build_deployment
 
@@ -39,6 +40,8 @@ def build_children(owner: Owner, defaults: Defaults) -> Children:
         desired.append(build_prefill_service(owner))
         desired.append(build_deployment(owner, "prefill", digest(configs["prefill"]["data"]), defaults))
     desired.append(build_deployment(owner, "decode", digest(configs["decode"]["data"]), defaults))
+    if defaults.network_policy:
+        desired.extend(build_network_policy(owner, role) for role in roles)
     for child in desired:
         child["metadata"]["annotations"] = {APPLIED_HASH: digest(child)}
     absent = (
@@ -48,6 +51,7 @@ def build_children(owner: Owner, defaults: Defaults) -> Children:
             ("Deployment", workload_name(owner, "prefill")),
             ("Service", prefill_service_name(owner)),
             ("ConfigMap", config_name(owner, "prefill")),
+            *([("NetworkPolicy", prefill_service_name(owner))] if defaults.network_policy else []),
         ]
     )
     return Children(desired, absent)

@@ -44,6 +44,7 @@ class Defaults:
     image_pull_policy: str = "IfNotPresent"
     rngd_image: str = "ghcr.io/atom-dev/atom-engine-rngd:0.1.0"  # Dockerfile target engine-rngd (furiosa-torch)
     npu: NpuProfile = field(default_factory=NpuProfile)  # this cluster's NPU resource names and node labels
+    network_policy: bool = False  # give every AtomDeployment its NetworkPolicies (children/networkpolicy.py)
 
 
 def service_name(owner: Owner) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from atom_engine.settings import EngineSettings
 
+from atom_operator import sizing
 from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
 from atom_operator.children.meta import (
     CONFIG_HASH,
@@ -59,6 +60,8 @@ def _resources(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
         for kind in ("limits", "requests")
         if user is not None and getattr(user, kind)
     }
+    # CPU and memory the user leaves out get defaults sized from the model (never BestEffort).
+    out = sizing.with_defaults(out, sizing.default_resources(owner.spec, role))
     npu = defaults.npu.resource(spec.backend)
     if npu and spec.npus_per_replica:
         # Extended resources are requested through limits (requests default to them and may not differ).

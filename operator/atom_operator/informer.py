@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,7 +75,11 @@ class Informer:
             try:
                 version = await self._list()
                 delay = BACKOFF_MIN
+                started = time.monotonic()
                 await self._watch(version)
+                if time.monotonic() - started < 1:
+                    # Ended at once without an error (a proxy closing it, say): list again, but not in a tight loop.
+                    raise kopf.TemporaryError("the watch ended as soon as it began")
             except asyncio.CancelledError:
                 raise
             except (kopf.TemporaryError, ApiError) as e:
@@ -89,8 +94,6 @@ class Informer:
 
     async def _list(self) -> str:
         items, version = await self.kube.list(self.kind, self.namespace, self.label_selector)
-        for item in items:  # a list's items carry no kind
-            item.setdefault("kind", self.kind)
         mine = [(item, key) for item in items if (key := self.owner_of(item)) is not None]
         self._owners = {(b["metadata"]["namespace"], b["metadata"]["name"]): key for b, key in mine}
         at = resource_version({"metadata": {"resourceVersion": version}})

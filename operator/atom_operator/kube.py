@@ -212,7 +212,8 @@ class Kube:
             params["labelSelector"] = label_selector
         while True:
             out = await self.request("GET", path(kind, namespace), params=params)
-            items.extend(out.get("items") or [])
+            # A list's items carry no apiVersion and kind; give them those of a single object, as a GET has.
+            items.extend({"apiVersion": out.get("apiVersion"), "kind": kind, **i} for i in out.get("items") or [])
             more = (out.get("metadata") or {}).get("continue")
             if not more:
                 return items, (out.get("metadata") or {}).get("resourceVersion", "")

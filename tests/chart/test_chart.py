@@ -122,8 +122,9 @@ def test_chart_crd_is_the_generated_crd() -> None:
         ("certManager.enabled=true",),
         ("webhook.enabled=false",),
         ("serviceAccount.create=false", "serviceAccount.name=x"),
+        ("networkPolicy.enabled=true",),
     ],
-    ids=["defaults", "cert-manager", "no-webhook", "existing-service-account"],
+    ids=["defaults", "cert-manager", "no-webhook", "existing-service-account", "network-policy"],
 )
 def test_helm_lint_strict_passes(sets: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)])
@@ -168,8 +169,13 @@ def test_every_value_is_commented() -> None:
 # ---- rendering ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "values",
-    [{}, {"webhook": {"enabled": False}}, {"certManager": {"enabled": True}}],
-    ids=["defaults", "no-webhook", "cert-manager"],
+    [
+        {},
+        {"webhook": {"enabled": False}},
+        {"certManager": {"enabled": True}},
+        {"networkPolicy": {"enabled": True, "apiServerPeers": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}},
+    ],
+    ids=["defaults", "no-webhook", "cert-manager", "network-policy"],
 )
 def test_rendered_manifests_are_valid_on_the_api_server(cluster, tmp_path: Path, values: dict) -> None:
     ns = make_namespace(cluster, "chart-render", **{"pod-security.kubernetes.io/warn": "restricted"})
@@ -309,8 +315,9 @@ def test_operator_deployment_becomes_ready_under_restricted_pod_security(cluster
     ready = {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}
     assert ready["Ready"] == "True"
     container = pods[0]["spec"]["containers"][0]
+    # Alive (workers and informers run) is not ready (every cache listed): two probes, two endpoints.
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTP"}
 
 
 def test_install_prints_next_steps(release: Release) -> None:
@@ -498,3 +505,16 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
         assert refused.value.status == 403
     finally:
         await client.close()
+
+
+def test_network_policy_option_admits_only_the_webhook_and_metrics_ports(tmp_path: Path) -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    values = merged(VALUES, {"networkPolicy": {"enabled": True, "apiServerPeers": peers}})
+    docs = render_chart(tmp_path, "atom-system", values)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
+    assert set(rules) == {"webhook", "metrics"} and rules["webhook"]["from"] == peers
+    env = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "ATOM_NETWORK_POLICY", "value": "true"} in env
+    assert not [d for d in render_chart(tmp_path, "atom-system", VALUES) if d["kind"] == "NetworkPolicy"]

@@ -34,7 +34,7 @@ GiB = 1024**3
 RUNTIME_BYTES = 1 * GiB
 UNKNOWN_MODEL_MEMORY = 16 * GiB
 CPU_REQUEST = {"cpu": "2", "atom": "1", "rngd": "1"}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 # The shapes of the builtin models (torch-free here: the operator image has no torch). tests/operator/test_sizing
 # checks each against the engine's own definition, so they cannot drift apart.
@@ -48,6 +48,11 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
         num_kv_heads=2,
         head_dim=16,
         tie_word_embeddings=True,
+    ),  # fmt: skip
+    # SmolLM2-135M-Instruct's config.json (make model's converted checkpoint).
+    "builtin:smollm2-135m": ModelConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+        head_dim=64, tie_word_embeddings=True,
     ),  # fmt: skip
 }
 
@@ -69,7 +74,7 @@ def memory_bytes(spec: AtomDeploymentSpec, role: Role) -> tuple[int, int]:
     if cfg is None:
         return UNKNOWN_MODEL_MEMORY, UNKNOWN_MODEL_MEMORY + UNKNOWN_MODEL_MEMORY // 2
     settings = engine_settings(spec, role, name="sizing", prefill_workers="sizing:0")
-    width = DTYPE_BYTES.get(str(getattr(settings, "dtype", "float32")), 4)
+    width = DTYPE_BYTES[settings.dtype]
     weights = parameters(cfg) * width
     kv = settings.kv_blocks * settings.max_seq_len * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * width
     request = weights + kv + RUNTIME_BYTES

@@ -16,6 +16,11 @@ pytestmark = pytest.mark.cluster
 IO_URING = {"type": "Localhost", "localhostProfile": "atom/rngd-io-uring.json"}
 
 
+def npus(limits: dict[str, str]) -> dict[str, str]:
+    """The extended resources of a container's limits (beside them, the operator's sized memory default)."""
+    return {r: q for r, q in limits.items() if r not in ("cpu", "memory")}
+
+
 def placed(cluster, namespace: str, component: str) -> list[tuple[dict, dict]]:
     """(pod, its node) of every pod of the role."""
     return [(p, cluster.get("node", p["spec"]["nodeName"])) for p in pods(cluster, namespace, component)]
@@ -25,7 +30,7 @@ def test_a_default_cluster_gets_generic_named_npus_on_the_nodes_that_advertise_t
     create(cluster, namespace, decode={"replicas": 2, "npusPerReplica": 2})
     wait_for(lambda: ready(cluster, namespace), "Ready")
     for pod, node in placed(cluster, namespace, "decode"):
-        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"rebellions.ai/npu": "2"}
+        assert npus(pod["spec"]["containers"][0]["resources"]["limits"]) == {"rebellions.ai/npu": "2"}
         assert node["status"]["allocatable"]["rebellions.ai/npu"] == "4"
         assert node["metadata"]["labels"]["rebellions.ai/npu.present"] == "true"
 
@@ -46,7 +51,7 @@ def test_rngd_prefill_pods_land_on_rngd_nodes_only_with_the_vendors_resource_and
         spec, labels = pod["spec"], node["metadata"]["labels"]
         assert labels["furiosa.ai/npu.family"] == "rngd" and labels["furiosa.ai/npu.product"] == "rngd"
         assert not any(k.startswith("rebellions.ai/") for k in labels), "an RNGD pod on an ATOM node"
-        assert spec["containers"][0]["resources"]["limits"] == {"furiosa.ai/rngd": "1"}
+        assert npus(spec["containers"][0]["resources"]["limits"]) == {"furiosa.ai/rngd": "1"}
         assert spec["nodeSelector"] == {"furiosa.ai/npu.family": "rngd"}
         assert spec["securityContext"]["seccompProfile"] == IO_URING
         assert spec["containers"][0]["securityContext"]["seccompProfile"] == IO_URING
@@ -79,11 +84,11 @@ def test_a_legacy_cluster_profile_puts_the_pods_on_the_rebellions_ai_atom_and_pa
         )
         wait_for(lambda: ready(cluster, namespace), "Ready on the legacy-named and partitioned nodes")
         for pod, node in placed(cluster, namespace, "decode"):
-            assert pod["spec"]["containers"][0]["resources"]["limits"] == {"rebellions.ai/ATOM": "2"}
+            assert npus(pod["spec"]["containers"][0]["resources"]["limits"]) == {"rebellions.ai/ATOM": "2"}
             assert node["status"]["allocatable"]["rebellions.ai/ATOM"] == "4"
             assert "rebellions.ai/npu" not in node["status"]["allocatable"]
         for pod, node in placed(cluster, namespace, "prefill"):
-            assert pod["spec"]["containers"][0]["resources"]["limits"] == {"furiosa.ai/rngd-2core.12gb": "2"}
+            assert npus(pod["spec"]["containers"][0]["resources"]["limits"]) == {"furiosa.ai/rngd-2core.12gb": "2"}
             assert node["metadata"]["name"] == PARTITIONED.name
     finally:
         op.restart()

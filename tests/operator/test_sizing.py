@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from atom_engine.api import AtomDeploymentSpec
+from atom_engine.api import AtomDeploymentSpec, engine_settings
 from atom_operator import sizing
 from atom_operator.children import Defaults, Owner, build_children
 
@@ -19,25 +19,49 @@ def container(s: AtomDeploymentSpec, role: str = "decode") -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
-@pytest.mark.parametrize("source", sorted(sizing.MODEL_SHAPES))
-def test_builtin_shapes_are_the_engines_own_and_the_parameter_count_exact(source: str) -> None:
+def test_every_builtin_model_has_a_shape() -> None:
+    from atom_engine.model.builtin import BUILTIN_MODELS
+
+    assert set(sizing.MODEL_SHAPES) == {m.source for m in BUILTIN_MODELS.values()}
+
+
+SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+         "tie_word_embeddings")  # fmt: skip
+
+
+def test_the_tiny_shape_is_the_engines_own_and_the_parameter_count_exact() -> None:
     from atom_engine.model import loader
     from atom_engine.model.llama import LlamaForCausalLM
 
-    engine_cfg = {"builtin:tiny": loader.TINY_CONFIG}[source]
-    ours = sizing.MODEL_SHAPES[source]
-    shape = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-    for name in (*shape, "tie_word_embeddings"):
-        assert getattr(ours, name) == getattr(engine_cfg, name), name
-    model = LlamaForCausalLM(engine_cfg, 64)
+    ours = sizing.MODEL_SHAPES[loader.BUILTIN_TINY]
+    for name in SHAPE:
+        assert getattr(ours, name) == getattr(loader.TINY_CONFIG, name), name
+    model = LlamaForCausalLM(loader.TINY_CONFIG, 64)
     assert sizing.parameters(ours) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_converted_builtin_shape_is_its_checkpoints_config() -> None:
+    import json
+
+    from atom_engine.model.builtin import BUILTIN_MODELS
+    from atom_engine.model.config import ModelConfig
+
+    converted = [m for m in BUILTIN_MODELS.values() if m.converted and m.is_ready()]
+    if not converted:
+        pytest.skip("no converted checkpoint here (make model)")
+    for m in converted:
+        cfg = ModelConfig.from_hf(json.loads((m.checkpoint_dir() / "config.json").read_text()))
+        for name in SHAPE:
+            assert getattr(sizing.MODEL_SHAPES[m.source], name) == getattr(cfg, name), (m.name, name)
 
 
 def test_engine_pods_get_memory_from_weights_kv_and_runtime_and_cpu() -> None:
     s = spec(decode={"kvBlocks": 8, "lanes": 4}, model={"source": "builtin:tiny", "maxSeqLen": 512})
     cfg = sizing.MODEL_SHAPES["builtin:tiny"]
-    weights = sizing.parameters(cfg) * 4  # float32 on the tiny model's settings
-    kv = 8 * 512 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    width = sizing.DTYPE_BYTES[engine_settings(s, "decode", name="llm").dtype]
+    assert width == 2  # bfloat16: the default dtype of a deployment on NPUs
+    weights = sizing.parameters(cfg) * width
+    kv = 8 * 512 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * width
     request, limit = sizing.memory_bytes(s, "decode")
     assert request == weights + kv + sizing.RUNTIME_BYTES and limit == request + weights
     resources = container(s)["resources"]

@@ -131,7 +131,8 @@ class Rule:
         rule = self.holds.cel if self.applies is None else f"!({self.applies.cel}) || ({self.holds.cel})"
         message = " + ".join(_cel_literal(p) if isinstance(p, str) else p.cel_string() for p in self.message)
         # A root rule names its field too (metadata.name): without a fieldPath the API server reports "<nil>".
-        return {"rule": rule, "messageExpression": message, "reason": "FieldValueInvalid", "fieldPath": "." + self.field}
+        fields = {"reason": "FieldValueInvalid", "fieldPath": "." + self.field}
+        return {"rule": rule, "messageExpression": message, **fields}
 
 
 def _cel_literal(text: str) -> str:

@@ -129,7 +129,10 @@ def test_device_list_sources(tmp_path: Path) -> None:
     for name in ("rbln3", "rbln1", "rsd0", "rbln10", "null"):
         (tmp_path / name).touch()
     assert visible_devices(2, {"RBLN_VISIBLE_DEVICES": "5, 7"}, tmp_path) == [5, 7]
-    assert visible_devices(1, {"RBLN_DEVICES": "4"}, tmp_path) == [4]  # deprecated name, still read
+    env = {"RBLN_DEVICES": "4"}
+    assert visible_devices(1, env, tmp_path) == [4] and env == {"RBLN_VISIBLE_DEVICES": "4"}  # the deprecated name
+    env = {"RBLN_DEVICES": "4", "RBLN_VISIBLE_DEVICES": "6"}
+    assert visible_devices(1, env, tmp_path) == [6] and env == {"RBLN_VISIBLE_DEVICES": "6"}  # as vllm-rbln: unset
     assert visible_devices(3, {}, tmp_path) == [1, 3, 10]
     assert visible_devices(2, {}, tmp_path) == [1, 3]
     assert visible_devices(2, {}, tmp_path / "absent") == [0, 1]

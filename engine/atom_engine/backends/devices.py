@@ -1,8 +1,8 @@
 """Which ATOM cards this engine drives, and whether the model fits on them.
 
 The device list follows vllm-rbln (vllm_rbln/v1/worker/utils.py:186-315, vllm_rbln/platform/__init__.py:100):
-``RBLN_VISIBLE_DEVICES`` names the cards when set (the deprecated ``RBLN_DEVICES`` is still read, as the runtime
-does), else the ``/dev/rbln<N>`` nodes the device plugin gave the container, else ``0..n-1``.
+``RBLN_VISIBLE_DEVICES`` names the cards when set (the deprecated ``RBLN_DEVICES`` is folded into it), else the
+``/dev/rbln<N>`` nodes the device plugin gave the container, else ``0..n-1``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from atom_engine import limits
@@ -19,22 +19,31 @@ log = logging.getLogger("atom_engine.devices")
 DEVICE_NODE = re.compile(r"rbln(\d+)")
 
 
-def visible_devices(num_devices: int, env: Mapping[str, str] | None = None, dev_dir: str | Path = "/dev"
+def adopt_deprecated_env(env: MutableMapping[str, str]) -> None:
+    """Fold the deprecated ``RBLN_DEVICES`` into ``RBLN_VISIBLE_DEVICES`` and unset it, as vllm-rbln does
+    (vllm_rbln/platform/__init__.py:259-277): the runtime prefers ``RBLN_DEVICES`` when both are set, so one left
+    behind would put the runtime on other cards than the ones this engine chose."""
+    legacy = env.pop("RBLN_DEVICES", None)
+    if legacy is not None:
+        in_effect = env.setdefault("RBLN_VISIBLE_DEVICES", legacy)
+        log.warning("event=deprecated_env name=RBLN_DEVICES use=RBLN_VISIBLE_DEVICES in_effect=%s", in_effect)
+
+
+def visible_devices(num_devices: int, env: MutableMapping[str, str] | None = None, dev_dir: str | Path = "/dev"
                     ) -> list[int]:
     """The first ``num_devices`` visible cards; ValueError naming the count and the source when fewer are
     visible. Logs one ``event=atom_devices`` line."""
     env = os.environ if env is None else env
+    adopt_deprecated_env(env)
     found: list[int] | None = None
     source = ""
-    for var in ("RBLN_VISIBLE_DEVICES", "RBLN_DEVICES"):
-        raw = env.get(var, "")
-        if raw.strip():
-            try:
-                found = [int(t) for t in raw.replace(",", " ").split()]
-            except ValueError:
-                raise ValueError(f"{var}={raw!r}: expected card numbers separated by commas") from None
-            source = var
-            break
+    raw = env.get("RBLN_VISIBLE_DEVICES", "")
+    if raw.strip():
+        try:
+            found = [int(t) for t in raw.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"RBLN_VISIBLE_DEVICES={raw!r}: expected card numbers separated by commas") from None
+        source = "RBLN_VISIBLE_DEVICES"
     if found is None:
         try:
             nodes = sorted(int(m.group(1)) for p in Path(dev_dir).iterdir() if (m := DEVICE_NODE.fullmatch(p.name)))

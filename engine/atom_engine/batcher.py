@@ -226,14 +226,15 @@ class Batcher:
             # vLLM's rule: the stop token stays in token_ids but its text is not in the output.
             seq.stop_reason = None if eos else token
             if self.detokenize is not None:
-                seq.stop_text = self.detokenize(seq.output[:-1])
+                seq.stop_text = self.detokenize(seq.output if p.include_stop_str_in_output else seq.output[:-1])
             return "stop"
         if n > p.min_tokens and p.stop and self.detokenize is not None:  # vLLM: stop strings past min_tokens
             text = self.detokenize(seq.output)
             hits = [(i, s) for s in p.stop if (i := text.find(s)) >= 0]
             if hits:
-                at, seq.stop_reason = min(hits)
-                seq.stop_text = text[:at]
+                at, stop = min(hits)
+                seq.stop_reason = stop
+                seq.stop_text = text[: at + len(stop)] if p.include_stop_str_in_output else text[:at]
                 return "stop"
         if len(seq.output) >= p.max_tokens:
             return "length"

@@ -42,10 +42,14 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
 
 
 def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    """vLLM's order: min_tokens hides the stop tokens, then the penalties (a new tensor; ``logits`` is kept)."""
+    """vLLM's order: logit_bias, min_tokens hides the stop tokens, then the penalties (a new tensor; ``logits``
+    is kept)."""
     p = seq.params
     x = logits.to(torch.float32).clone()
     vocab = x.numel()
+    for token, bias in p.logit_bias:
+        if 0 <= token < vocab:
+            x[token] += bias
     if len(seq.output) < p.min_tokens:
         stops = [t for t in p.stop_token_ids if 0 <= t < vocab]
         if not p.ignore_eos and seq.eos_token_id is not None:

@@ -21,6 +21,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False  # vLLM's: keep the matched stop string (or stop token's text)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: added to the token's logit before sampling
     min_tokens: int = 0  # no stop (EOS, stop token, stop string) before this many output tokens
     # vLLM's penalties: repetition (HF's rule) over prompt and output tokens; presence and frequency over output.
     repetition_penalty: float = 1.0
@@ -49,7 +51,11 @@ class SamplingParams:
             n = getattr(self, name)
             if n is not None and not 0 <= n <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}]; got {n}")
+        bad = [(t, b) for t, b in self.logit_bias if not -100 <= b <= 100]
+        if bad:
+            raise ValueError(f"logit_bias values must be in [-100, 100]; got {bad[:3]}")
         object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "logit_bias", tuple(self.logit_bias))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property
@@ -58,9 +64,9 @@ class SamplingParams:
 
     @property
     def shapes_logits(self) -> bool:
-        """The logits are changed before sampling (penalties, min_tokens), so greedy is not a plain argmax."""
+        """The logits are changed before sampling (bias, penalties, min_tokens): greedy is not a plain argmax."""
         return (self.min_tokens > 0 or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+                or self.frequency_penalty != 0.0 or bool(self.logit_bias))
 
     @property
     def plain_greedy(self) -> bool:

@@ -248,6 +248,21 @@ async def test_stop_token_ids_end_without_the_stop_tokens_text(tiny: str) -> Non
                                          extra_body={"ignore_eos": True, "return_token_ids": True,
                                                      "stop_token_ids": [stop], "min_tokens": i + 2})).choices[0]
     assert len(longer.token_ids) >= i + 2 and stop not in longer.token_ids[: i + 2]
+    kept = (await c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                       extra_body={"ignore_eos": True, "stop_token_ids": [stop],
+                                                   "include_stop_str_in_output": True})).choices[0]
+    assert kept.text == bytes(full.token_ids[: i + 1]).decode("utf-8", errors="replace")
+
+
+async def test_logit_bias_moves_greedy_choices(tiny: str) -> None:
+    c = client(tiny)
+    full = (await c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, **GREEDY)).choices[0].token_ids
+    forced = (await c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                         logit_bias={"65": 100}, extra_body=GREEDY["extra_body"])).choices[0]
+    assert forced.token_ids == [65] * 4 and forced.text == "AAAA"
+    banned = (await c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                         logit_bias={str(full[0]): -100}, extra_body=GREEDY["extra_body"])).choices[0]
+    assert banned.token_ids[0] != full[0]
 
 
 def hf_penalized_greedy(model: transformers.LlamaForCausalLM, prompt: list[int], steps: int, rep: float,

@@ -99,6 +99,7 @@ class OpenAIRoutes:
             req = parse(CompletionRequest, await _json(request))
             self._check_model(req.model)
             req.check()
+            req.check_vocab(self.engine.vocab_size)
             prompts = [(p if isinstance(p, str) else None, self._encode(p)) for p in req.prompts()]
             params = self._params(lambda: req.completion_sampling(DEFAULT_COMPLETION_TOKENS))
             return await self._serve(request, rid, "completion", req, prompts, params)
@@ -111,6 +112,7 @@ class OpenAIRoutes:
             req = parse(ChatCompletionRequest, await _json(request))
             self._check_model(req.model)
             req.check()
+            req.check_vocab(self.engine.vocab_size)
             ids = self._encode(self.chat_template.render(req.messages), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))

@@ -38,6 +38,9 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None  # vLLM's extension: stop tokens, their text not in the output
     ignore_eos: StrictBool = False  # vLLM's extension
+    include_stop_str_in_output: StrictBool = False  # vLLM's extension
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}: no structured output here
     min_tokens: StrictInt = Field(0, ge=0)  # vLLM's extension
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM's extension
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -61,6 +64,20 @@ class _Common(BaseModel):
         if bad:
             raise ApiError(400, f"stop_token_ids: token ids must be >= 0; got {bad[:5]}", param="stop_token_ids",
                            code="invalid_value")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise ApiError(400, f"response_format: only {{'type': 'text'}} is supported by this engine; got"
+                           f" {self.response_format!r}", param="response_format", code="invalid_value")
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit() or not -100 <= bias <= 100:
+                raise ApiError(400, f"logit_bias: keys must be token ids and values in [-100, 100]; got {key!r}:"
+                               f" {bias}", param="logit_bias", code="invalid_value")
+
+    def check_vocab(self, vocab: int) -> None:
+        """Token ids named by the request must exist in the model's vocabulary (vLLM refuses them too)."""
+        bad = [int(k) for k in self.logit_bias or {} if int(k) >= vocab]
+        if bad:
+            raise ApiError(400, f"logit_bias: token ids must be < {vocab}; got {bad[:5]}", param="logit_bias",
+                           code="invalid_value")
 
     def max_tokens_or(self, default: int) -> int:
         return self.max_tokens if self.max_tokens is not None else default
@@ -73,6 +90,8 @@ class _Common(BaseModel):
             top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
             stop=tuple(s for s in stop if s), stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items()),
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             **extra,
@@ -86,6 +105,7 @@ class CompletionRequest(_Common):
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prompt_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM's extension
+    suffix: str | None = None  # refused, as vLLM does
 
     @field_validator("prompt")
     @classmethod
@@ -98,6 +118,9 @@ class CompletionRequest(_Common):
 
     def check(self) -> None:
         super().check()
+        if self.suffix is not None:
+            raise ApiError(400, "suffix: not supported by this engine (as vLLM)", param="suffix",
+                           code="invalid_value")
         if self.max_tokens == 0 and not self.echo:
             raise ApiError(400, "max_tokens: must be >= 1 (0 only with echo=true); got 0", param="max_tokens",
                            code="invalid_value")

@@ -14,7 +14,7 @@ demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools device-plugin-stubs model ## install what the tests need (.venv, the pinned tools, Debian packages), run the whole suite
+test: prereqs venv tools device-plugin-stubs model judges ## install what the tests need (.venv, the pinned tools, Debian packages, the models, the judges), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: prereqs
@@ -32,6 +32,10 @@ venv-rngd: ## .venv-rngd: furiosa-torch and the torch it pins (requirements/rngd
 .PHONY: model
 model: venv ## convert the built-in trained models (builtin:smollm2-135m) once into $${ATOM_MODELS_DIR:-~/.cache/atom/models}
 	@bash hack/model.sh
+
+.PHONY: judges
+judges: venv ## the outside judges' venv (lm-eval, guidellm; cached, keyed by requirements/judges.lock)
+	@bash hack/judges-venv.sh >/dev/null
 
 .PHONY: tools
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)

@@ -72,6 +72,27 @@ def test_a_child_deleted_while_the_operators_api_server_is_down_is_recreated(clu
         op.start()
 
 
+def relists(op: OperatorProcess, kind: str) -> float:
+    found = re.search(rf'^atom_operator_relists_total{{kind="{kind}"}} (\S+)$', op.metrics(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_periodic_resync_lists_every_child_again_and_writes_nothing(cluster, op, namespace, tmp_path) -> None:
+    op.stop()  # one operator for this namespace: this one, resyncing every 3 s
+    other = OperatorProcess(cluster, tmp_path)
+    try:
+        other.start(ATOM_NAMESPACES=namespace, ATOM_RESYNC_SECONDS="3")
+        create(cluster, namespace, **PD)
+        wait_for(lambda: ready(cluster, namespace), "Ready")
+        settled = wait_for(lambda: (n := len(other.writes(namespace))) and _still(other, namespace, n), "settled")
+        before = {k: relists(other, k) for k in ("AtomDeployment", "Deployment", "Service", "ConfigMap", "Pod")}
+        wait_for(lambda: all(relists(other, k) >= n + 3 for k, n in before.items()), "three resyncs of each kind")
+        assert _still(other, namespace, settled), other.writes(namespace)[settled:]
+    finally:
+        other.stop()
+        op.start()
+
+
 # ---- hand edits of what is ours ------------------------------------------------------------------------------
 def test_a_selector_key_added_by_hand_is_removed_and_traffic_returns(cluster, op, namespace) -> None:
     create(cluster, namespace)

@@ -115,48 +115,57 @@ def test_a_selector_key_added_by_hand_is_removed_and_traffic_returns(cluster, op
     wait_for(serving, "a ready endpoint behind the Service")
 
 
-@pytest.mark.parametrize("kind,name", [("deployment", "llm-decode"), ("service", "llm"),
-                                       ("configmap", "llm-decode-config")])  # fmt: skip
-def test_our_label_removed_by_hand_is_restored(cluster, op, namespace, kind, name) -> None:
+def test_hand_edits_of_our_labels_env_data_and_owner_reference_are_undone_and_others_additions_stay(
+    cluster, op, namespace
+) -> None:
     create(cluster, namespace)
     wait_for(lambda: ready(cluster, namespace), "Ready")
-    cluster.kubectl("label", kind, name, "-n", namespace, f"{DEPLOYMENT_LABEL}-", "team=search")
-    edited = time.monotonic()
+    owner_uid = get(cluster, namespace)["metadata"]["uid"]
 
-    def labelled() -> bool:
-        return cluster.get(kind, name, "-n", namespace)["metadata"]["labels"].get(DEPLOYMENT_LABEL) == "llm"
+    def obj(kind: str, name: str) -> dict:
+        return cluster.get(kind, name, "-n", namespace)
 
-    repaired(f"label_removed_{kind}", edited, labelled, f"our label back on the {kind}")
-    assert cluster.get(kind, name, "-n", namespace)["metadata"]["labels"]["team"] == "search"
+    def engine_env() -> list[str]:
+        containers = obj("deployment", "llm-decode")["spec"]["template"]["spec"]["containers"]
+        return [e["name"] for e in next(c for c in containers if c["name"] == "engine").get("env") or []]
 
+    # Our label removed (the watches match children by owner reference, so the edit is still seen); another added.
+    for kind, name in (("deployment", "llm-decode"), ("service", "llm"), ("configmap", "llm-decode-config")):
+        cluster.kubectl("label", kind, name, "-n", namespace, f"{DEPLOYMENT_LABEL}-", "team=search")
+        edited = time.monotonic()
+        repaired(
+            f"label_removed_{kind}",
+            edited,
+            lambda k=kind, n=name: obj(k, n)["metadata"]["labels"].get(DEPLOYMENT_LABEL) == "llm",
+            f"our label back on the {kind}",
+        )
+        assert obj(kind, name)["metadata"]["labels"]["team"] == "search"
 
-def test_an_env_var_added_to_the_engine_container_is_removed(cluster, op, namespace) -> None:
-    create(cluster, namespace)
-    wait_for(lambda: ready(cluster, namespace), "Ready")
-
-    def env() -> list[str]:
-        containers = cluster.get("deployment", "llm-decode", "-n", namespace)["spec"]["template"]["spec"]["containers"]
-        engine = next(c for c in containers if c["name"] == "engine")
-        return [e["name"] for e in engine.get("env") or []]
-
-    ours = env()
+    ours = engine_env()
     cluster.kubectl("set", "env", "deployment/llm-decode", "-n", namespace, "-c", "engine", "DEBUG=1")
     edited = time.monotonic()
-    repaired("engine_env_var_added", edited, lambda: env() == ours, "the engine's env exactly ours")
-    wait_for(lambda: ready(cluster, namespace), "Ready after the repair")
+    repaired("engine_env_var_added", edited, lambda: engine_env() == ours, "the engine's env exactly ours")
 
-
-def test_a_configmap_key_added_by_hand_is_removed(cluster, op, namespace) -> None:
-    create(cluster, namespace)
-    wait_for(lambda: ready(cluster, namespace), "Ready")
     patch = {"data": {"extra.yaml": "lanes: 99\n"}}
     cluster.kubectl("patch", "configmap", "llm-decode-config", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
     edited = time.monotonic()
+    repaired(
+        "configmap_key_added",
+        edited,
+        lambda: set(obj("configmap", "llm-decode-config")["data"]) == {"engine.yaml"},
+        "the ConfigMap's data exactly ours",
+    )
 
-    def exact() -> bool:
-        return set(cluster.get("configmap", "llm-decode-config", "-n", namespace)["data"]) == {"engine.yaml"}
-
-    repaired("configmap_key_added", edited, exact, "the ConfigMap's data exactly ours")
+    unowned = [{"op": "remove", "path": "/metadata/ownerReferences"}]
+    cluster.kubectl("patch", "service", "llm", "-n", namespace, "--type=json", "-p", json.dumps(unowned))
+    edited = time.monotonic()
+    repaired(
+        "owner_reference_removed",
+        edited,
+        lambda: [r["uid"] for r in obj("service", "llm")["metadata"].get("ownerReferences") or []] == [owner_uid],
+        "the Service controlled by its AtomDeployment again",
+    )
+    wait_for(lambda: ready(cluster, namespace), "Ready after the repairs")
 
 
 # ---- restarts ------------------------------------------------------------------------------------------------

@@ -185,7 +185,11 @@ def build_backend(settings: EngineSettings, model: LlamaForCausalLM, chunk: int)
                  artifact.path)
         return backend
     backend = make_backend(settings.backend, model, **args)
-    save(artifact, ident, backend)
+    try:
+        save(artifact, ident, backend)
+    except OSError as exc:  # e.g. a read-only volume: serve what was compiled, the next start compiles again
+        log.warning("event=artifact_save_failed key=%s path=%s error=%s", artifact.key, artifact.path,
+                    json.dumps(str(exc)))
     log.info("event=artifact_compiled key=%s seconds=%.3f path=%s", artifact.key, time.perf_counter() - t0,
              artifact.path)
     return backend

@@ -136,3 +136,12 @@ def test_checkpoint_hash_follows_the_files(tmp_path: Path) -> None:
     assert artifacts.model_identity("builtin:tiny", 0) != artifacts.model_identity("builtin:tiny", 1)
     smol = artifacts.model_identity("builtin:smollm2-135m", 0)  # pinned by its conversion key, not the seed
     assert smol == artifacts.model_identity("builtin:smollm2-135m", 1) != artifacts.model_identity("builtin:tiny", 0)
+
+
+def test_a_cache_that_cannot_be_written_still_serves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("")
+    caplog.set_level(logging.INFO, logger="atom_engine.artifacts")
+    engine = LLMEngine(EngineSettings(compile_cache_dir=str(tmp_path / "file" / "cache"), **SETTINGS))
+    (failed,) = events(caplog, "artifact_save_failed")  # not a directory: as a read-only volume, even for root
+    assert failed["key"] == artifacts.key_of(artifacts.identity(engine.settings))
+    assert engine.generate(PROMPTS[:1], PARAMS)[0].token_ids

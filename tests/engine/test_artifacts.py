@@ -34,7 +34,7 @@ def test_second_start_loads_without_compiling_and_other_lanes_recompile(
     first = LLMEngine(settings)
     compile_s = time.perf_counter() - t0
     want = [o.token_ids for o in first.generate(PROMPTS, PARAMS)]
-    assert len(rebel.COMPILED) == 5
+    assert len(rebel.COMPILED) == 6
     (compiled,) = events(caplog, "artifact_compiled")
     key = compiled["key"]
     manifest = json.loads((tmp_path / key / "manifest.json").read_text())
@@ -44,7 +44,8 @@ def test_second_start_loads_without_compiling_and_other_lanes_recompile(
                                                             maxSeqLen=128, prefillChunk=64, numDevices=1)
     assert manifest["model"]["source"] == "builtin:tiny" and len(manifest["model"]["hash"]) == 64
     assert manifest["sdk"] == {"name": "rebel-compiler", "version": rebel.__version__}
-    assert [g["name"] for g in manifest["graphs"]] == ["prefill", "decode", "copy_block", "export_kv", "import_kv"]
+    assert [g["name"] for g in manifest["graphs"]] == ["prefill", "decode", "copy_block", "export_kv", "import_kv",
+                                                     "prefill_all"]
     assert manifest["graphs"][0]["inputInfo"][0] == ["input_ids", [1, 64], "int64"]
     assert all((tmp_path / key / g["file"]).is_file() for g in manifest["graphs"]) and manifest["createdAt"]
     del first
@@ -54,7 +55,7 @@ def test_second_start_loads_without_compiling_and_other_lanes_recompile(
     t0 = time.perf_counter()
     second = LLMEngine(settings)
     load_s = time.perf_counter() - t0
-    assert rebel.COMPILED == [] and len(rebel.LOADED) == 5  # loaded, not compiled
+    assert rebel.COMPILED == [] and len(rebel.LOADED) == 6  # loaded, not compiled
     (loaded,) = events(caplog, "artifact_loaded")
     assert loaded["key"] == key
     assert [o.token_ids for o in second.generate(PROMPTS, PARAMS)] == want
@@ -65,7 +66,7 @@ def test_second_start_loads_without_compiling_and_other_lanes_recompile(
 
     other = EngineSettings(backend="atom", compile_cache_dir=str(tmp_path), **{**SETTINGS, "lanes": 1})
     LLMEngine(other)
-    assert len(rebel.COMPILED) == 5  # another key: compiled anew, next to the first
+    assert len(rebel.COMPILED) == 6  # another key: compiled anew, next to the first
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([key, artifacts.key_of(artifacts.identity(other))])
 
 
@@ -90,7 +91,7 @@ def test_a_pinned_artifact_that_disagrees_is_refused_naming_the_field(rebel, tmp
     (pinned / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(artifacts.ArtifactMismatch, match="^artifact mismatch: model.hash: artifact has 0000"):
         LLMEngine(EngineSettings(backend="atom", compile_cache_dir=str(pinned), **SETTINGS))
-    assert rebel.COMPILED == [] and len(rebel.LOADED) == 5  # refused ones never load
+    assert rebel.COMPILED == [] and len(rebel.LOADED) == 6  # refused ones never load
 
 
 def write_config(path: Path, **settings: object) -> Path:

@@ -23,8 +23,8 @@ PROMPTS = ["the quick brown fox", "the quick brown cat", "jumps", LONG + " twice
 def test_compiled_shapes_match_lanes_kv_blocks_max_seq_len_and_chunk(rebel) -> None:  # noqa: ANN001
     engine = LLMEngine(EngineSettings(backend="atom", **SETTINGS))
     cfg = engine.model.cfg
-    assert len(rebel.COMPILED) == 5
-    prefill, decode, copy, export, imp = (c.shapes() for c in rebel.COMPILED)
+    assert len(rebel.COMPILED) == 6
+    prefill, decode, copy, export, imp, prefill_all = (c.shapes() for c in rebel.COMPILED)
     kv = (cfg.num_layers, 6, cfg.num_kv_heads, 256, cfg.head_dim)
     fwd = {"past_key_values_k": kv, "past_key_values_v": kv}
     assert prefill == {"input_ids": (1, 64), "positions": (1, 64), "slot_blocks": (1, 64), "attn_blocks": (1,),
@@ -35,6 +35,7 @@ def test_compiled_shapes_match_lanes_kv_blocks_max_seq_len_and_chunk(rebel) -> N
     window = (2, cfg.num_layers, cfg.num_kv_heads, 64, cfg.head_dim)
     assert export == {"block": (1,), "positions": (64,), **fwd}
     assert imp == {"slot_blocks": (64,), "positions": (64,), "kv": window, **fwd}
+    assert prefill_all == {**prefill, "logits_index": (1, 64)}  # every token's logits (prompt logprobs)
     # One compile context for the model: every graph shares its KV buffers and its weights.
     assert len({c.ctx_uid for c in rebel.COMPILED}) == 1 and all(c.weight_sharing for c in rebel.COMPILED)
     assert all(set(c.static) == set(fwd) for c in rebel.COMPILED)
@@ -149,3 +150,16 @@ def test_atom_backend_without_the_sdk_says_what_is_missing(monkeypatch: pytest.M
 def test_cpu_backend_never_imports_rebel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "rebel", None)
     LLMEngine(EngineSettings(backend="cpu", **SETTINGS)).generate(["x"], SamplingParams(max_tokens=2))
+
+
+def test_every_token_logits_for_prompt_logprobs_equal_cpus(rebel) -> None:  # noqa: ANN001
+    atom = LLMEngine(EngineSettings(backend="atom", **SETTINGS))
+    cpu = LLMEngine(EngineSettings(backend="cpu", **SETTINGS))
+    tokens = atom.encode(LONG)
+    for start in (0, 64):
+        piece = tokens[start : start + 64]
+        got = atom.runner.prefill_logits(1, start, piece, every_token=True)
+        want = cpu.runner.prefill_logits(1, start, piece, every_token=True)
+        assert got.shape == want.shape == (len(piece), atom.vocab_size)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert atom.runner.backend.prefill_all_rt.calls == 2

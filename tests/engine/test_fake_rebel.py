@@ -209,4 +209,4 @@ def test_the_backend_names_the_device_count_as_the_installed_compiler_does(
 
     monkeypatch.setattr(rebel, "compile", older_compile)
     LLMEngine(EngineSettings(backend="atom", **SETTINGS))
-    assert seen == [1] * 5
+    assert seen == [1] * 6

@@ -7,8 +7,9 @@ It keeps the contract of Rebellions' own packages (optimum-rbln / vllm-rbln 0.12
 - a runtime call passes the non-static inputs only (decoderonly_runtime_utils.py:347-357, :631-642);
 - ``Runtime(compiled, tensor_type="pt", device=int|list)`` with one device per ``num_devices``;
 - ``compiled.save(path)`` / ``RBLNCompiledModel(path)`` for saved artifacts (modeling_base.py:190-213).
-Graphs: prefill ``[1, chunk]``, decode ``[lanes, 1]``, block copy, and KV export/import over a window of
-``chunk`` positions, so PD ships what the device computed.
+Graphs: prefill ``[1, chunk]`` (and a variant returning every token's logits, for prompt logprobs), decode
+``[lanes, 1]``, block copy, and KV export/import over a window of ``chunk`` positions, so PD ships what the device
+computed.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def num_devices_kwarg(rebel: Any) -> str:
 
 
 class AtomBackend:
+    every_token_logits = True  # the prefill_all graph: logits_index [1, chunk]
+
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int, lanes: int, chunk: int, num_devices: int = 1,
                  load_from: Path | None = None) -> None:
         if chunk <= 0 or chunk % limits.ATOM_PREFILL_CHUNK_MULTIPLE:
@@ -82,6 +85,7 @@ class AtomBackend:
         # modeling_decoderonly.py:648-654: one runtime per graph, all on the same devices.
         runtimes = {name: rebel.Runtime(c, tensor_type="pt", device=device) for name, c in compiled.items()}
         self.prefill_rt, self.decode_rt, self.copy_rt = runtimes["prefill"], runtimes["decode"], runtimes["copy_block"]
+        self.prefill_all_rt = runtimes["prefill_all"]
         self.export_rt, self.import_rt = runtimes["export_kv"], runtimes["import_kv"]
 
     def _graph_specs(self, model: LlamaForCausalLM, lanes: int, chunk: int
@@ -90,10 +94,10 @@ class AtomBackend:
         dt = DTYPE_NAMES[self.dtype]
         kv: InputInfo = [(name, list(self.kv_shape), dt) for name in KV_NAMES]
 
-        def forward_inputs(b: int, t: int) -> InputInfo:
+        def forward_inputs(b: int, t: int, logits: list[int] | None = None) -> InputInfo:
             return [("input_ids", [b, t], INDEX_DTYPE), ("positions", [b, t], INDEX_DTYPE),
                     ("slot_blocks", [b, t], INDEX_DTYPE), ("attn_blocks", [b], INDEX_DTYPE),
-                    ("logits_index", [b], INDEX_DTYPE), *kv]
+                    ("logits_index", logits or [b], INDEX_DTYPE), *kv]
 
         forward = ForwardGraph(model)
         w = self.window
@@ -104,6 +108,7 @@ class AtomBackend:
             "export_kv": (ExportKVGraph(), [("block", [1], INDEX_DTYPE), ("positions", [w], INDEX_DTYPE), *kv]),
             "import_kv": (ImportKVGraph(), [("slot_blocks", [w], INDEX_DTYPE), ("positions", [w], INDEX_DTYPE),
                                             ("kv", [2, layers, kv_heads, w, head_dim], dt), *kv]),
+            "prefill_all": (forward, forward_inputs(1, chunk, [1, chunk])),
         }
 
     def _compile(self, num_devices: int) -> dict[str, Any]:
@@ -134,7 +139,11 @@ class AtomBackend:
     # -- the graphs --------------------------------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                 logits_index: torch.Tensor) -> torch.Tensor:
-        return _first(self.prefill_rt(ids, positions, slots, blocks, logits_index))
+        if logits_index.dim() == 1:
+            return _first(self.prefill_rt(ids, positions, slots, blocks, logits_index))
+        n = logits_index.shape[1]  # every token's logits: the whole chunk's, cut to the real tokens
+        index = torch.arange(self.window)[None]
+        return _first(self.prefill_all_rt(ids, positions, slots, blocks, index))[:, :n]
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                logits_index: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,15 @@ DECODE_BACKENDS = ("atom", "cpu")
 PREFILL_BACKENDS = ("atom", "rngd", "cpu")
 
 # Children are named <name><suffix>; every one must stay a DNS-1035 label (63 characters).
-CHILD_NAME_SUFFIXES = ("", "-decode", "-prefill", "-decode-config", "-prefill-config")
+CHILD_NAME_SUFFIXES = (
+    "",
+    "-decode",
+    "-prefill",
+    "-decode-config",
+    "-prefill-config",
+    "-decode-build",  # the compile Jobs (spec.model.compileCache)
+    "-prefill-build",
+)
 DNS_LABEL_MAX = 63
 NAME_MAX_LENGTH = DNS_LABEL_MAX - max(len(s) for s in CHILD_NAME_SUFFIXES)
 

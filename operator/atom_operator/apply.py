@@ -20,6 +20,7 @@ from atom_operator.children.meta import APPLIED_HASH, MANAGER
 from atom_operator.kube import Kube
 
 Action = Literal["created", "changed", "deleted"]
+REPLACED_KINDS = {"Job"}  # kinds whose spec cannot be updated, only replaced
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ async def ensure(
     kind, meta = desired["kind"], desired["metadata"]
     if current is not None and not needs_write(desired, current):
         return None
+    if kind in REPLACED_KINDS and current is not None:
+        # A Job's pod template is immutable: a new artifact (or placement) is a new Job.
+        await kube.delete(kind, meta["namespace"], meta["name"], uid=current["metadata"].get("uid"))
+        cache.forget(kind, meta["namespace"], meta["name"])
     written = await kube.apply(desired, MANAGER)
     foreign = ownership.repairs(desired, written, contains)
     if foreign:

@@ -18,6 +18,7 @@ import kopf
 from atom_engine.api import GROUP, KIND
 
 from atom_operator import metrics
+from atom_operator.artifacts import JobView
 from atom_operator.cache import ChildCache, resource_version
 from atom_operator.children import Defaults
 from atom_operator.children.meta import APPLIED_HASH
@@ -73,6 +74,8 @@ class Controller:
             self.observe_deployment(type_, body, key)
         elif kind == "Pod":
             self.observe_pod(type_, body, key)
+        elif kind == "Job":
+            self.observe_job(type_, body, key)
         else:
             self.observe_child(type_, body, key)
 
@@ -120,6 +123,8 @@ class Controller:
         if kind == "Deployment" and key is not None:
             self.observed.get(key, Observed()).deployments.pop(body["metadata"]["name"], None)
             self._forget_if_gone(key)
+        if kind == "Job" and key is not None:
+            self.observed.get(key, Observed()).jobs.pop(body["metadata"]["name"], None)
         if key is not None:
             self.enqueue(key)
 
@@ -170,6 +175,19 @@ class Controller:
         # moves only need status.
         touched = news and (old is None or old["metadata"] != slim["metadata"])
         self.enqueue(key, children=touched or event is None)
+
+    def observe_job(self, event: str | None, body: dict[str, Any], key: Key) -> None:
+        """Compile Jobs: their outcome releases (or holds back) the role's Deployment and sets ArtifactReady."""
+        self.observe_child(event, body, key)
+        jobs = self.observed.setdefault(key, Observed()).jobs
+        name = body["metadata"]["name"]
+        old = jobs.pop(name, None)
+        if event == "DELETED":
+            self.enqueue(key)
+            return
+        view = jobs[name] = JobView.of(body)
+        if view != old:
+            self.enqueue(key)
 
     def observe_child(self, event: str | None, body: dict[str, Any], key: Key) -> None:
         """ConfigMaps and Services: any change but our own write's echo might be a hand edit or deletion to undo."""

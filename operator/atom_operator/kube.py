@@ -25,6 +25,7 @@ KINDS = {
     "Pod": ("/api/v1", "pods"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Job": ("/apis/batch/v1", "jobs"),
     "AtomDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}

@@ -12,7 +12,7 @@ from typing import Any
 from atom_engine.api import AtomDeployment
 from pydantic import ValidationError
 
-from atom_operator import apply, events, status
+from atom_operator import apply, artifacts, events, status
 from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, workload_name
@@ -27,6 +27,7 @@ class Observed:
 
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # Deployment name -> slim copy
     pods: dict[str, status.PodView] = field(default_factory=dict)  # pod name -> view
+    jobs: dict[str, artifacts.JobView] = field(default_factory=dict)  # compile Job name -> view
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ async def reconcile(
     owner = owner_of(body)
     if owner is None:
         return Outcome([], None)
-    wanted = build_children(owner, defaults)
+    built = {j.key for j in observed.jobs.values() if j.state == "Succeeded"}
+    wanted = build_children(owner, defaults, built)
     changes = await converge(kube, body, owner, wanted, cache, cache_is_complete) if children_too else []
     hashes: dict[Role, str] = {}
     deployments: dict[Role, dict[str, Any] | None] = {}
@@ -86,7 +88,11 @@ async def reconcile(
         )
     old = body.get("status") or {}
     generation, pods = body["metadata"].get("generation", 0), list(observed.pods.values())
-    new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu)
+    built_report = None
+    if owner.spec.model.compile_cache:
+        failed = [(p.role, p.failure) for p in pods if p.failure]
+        built_report = artifacts.report(owner, wanted, observed.jobs, failed)
+    new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu, built_report)
     if _same(new, old):
         return Outcome(changes, None)
     try:

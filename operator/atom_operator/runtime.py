@@ -46,6 +46,7 @@ WATCHED: tuple[tuple[str, OwnerOf, str | None], ...] = (
     ("ConfigMap", controlled_by(KIND, GROUP), None),
     ("Service", controlled_by(KIND, GROUP), None),
     ("NetworkPolicy", controlled_by(KIND, GROUP), None),
+    ("Job", controlled_by(KIND, GROUP), None),  # the compile Jobs of spec.model.compileCache
     ("Pod", labelled(DEPLOYMENT_LABEL), DEPLOYMENT_LABEL),
 )
 

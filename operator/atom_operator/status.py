@@ -9,6 +9,7 @@ from typing import Any
 from atom_engine.api import NpuProfile
 from atom_engine.api.npu import DEFAULT_PROFILE
 
+from atom_operator.artifacts import Report, failure_of
 from atom_operator.children import Owner, endpoint
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, selector_string
 
@@ -20,6 +21,7 @@ class PodView:
     role: str
     pending: bool
     unschedulable: str | None  # the scheduler's message while it cannot place the pod
+    failure: str | None = None  # what a failed container left (compile pods: the ArtifactReady message)
 
     @classmethod
     def of(cls, pod: dict[str, Any]) -> PodView:
@@ -33,7 +35,9 @@ class PodView:
             ),
             None,
         )
-        return cls(labels.get("app.kubernetes.io/component", ""), status.get("phase") == "Pending", message)
+        return cls(
+            labels.get("app.kubernetes.io/component", ""), status.get("phase") == "Pending", message, failure_of(pod)
+        )
 
 
 _INSUFFICIENT = re.compile(r"Insufficient ([\w./-]*\w)")
@@ -107,8 +111,10 @@ def compute(
     old: dict[str, Any] | None,
     now: str,
     profile: NpuProfile = DEFAULT_PROFILE,
+    artifact: Report | None = None,
 ) -> dict[str, Any]:
-    """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions."""
+    """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions;
+    ``artifact``: the compile Jobs' report (spec.model.compileCache only)."""
     roles: list[Role] = [r for r in ROLES if r == "decode" or owner.spec.prefill.replicas > 0]
     out: dict[str, Any] = {"observedGeneration": generation}
     done, progress, degraded = [], [], []
@@ -130,6 +136,8 @@ def compute(
         for c in (deployments.get(role) or {}).get("status", {}).get("conditions") or []:
             if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
                 degraded.append(f"{role}: {c.get('message') or c.get('reason')}")
+    if artifact is not None and artifact.summary in ("Failed", "Mismatch"):
+        degraded.append(artifact.message)
     previous = {c["type"]: c for c in (old or {}).get("conditions") or [] if "type" in c}
     # No decode pod: nothing answers a client, however complete the rollout (0/0) is.
     scaled_to_zero = owner.spec.decode.replicas == 0
@@ -163,6 +171,11 @@ def compute(
             now,
         ),
     ]
+    if artifact is not None:
+        out["conditions"].append(
+            _condition("ArtifactReady", artifact.ready, artifact.reason, artifact.message, generation, previous, now)
+        )
+        out["artifact"] = artifact.summary
     # Advertised only while something serves it (None: the merge patch removes it).
     out["endpoint"] = None if scaled_to_zero else endpoint(owner)
     out["selector"] = selector_string(owner, "decode")

@@ -8,7 +8,7 @@ import yaml
 from atom_engine.api import AtomDeploymentSpec, NpuProfile
 from atom_engine.settings import EngineSettings
 from atom_operator.children import Defaults, Owner, build_children
-from atom_operator.children.meta import APPLIED_HASH, CONFIG_HASH, DEPLOYMENT_LABEL
+from atom_operator.children.meta import APPLIED_HASH, ARTIFACT_KEY, CONFIG_HASH, DEPLOYMENT_LABEL
 from atom_operator.children.workload import engine_command
 
 DEFAULTS = Defaults(image="example.invalid/atom-engine:test", image_pull_policy="Never")
@@ -37,9 +37,11 @@ def test_decode_only_has_config_service_and_deployment_and_no_prefill() -> None:
         ("Deployment", "llm-decode"),
     ]
     assert children.absent == [
+        ("Job", "llm-decode-build"),  # no compile cache, no compile Job
         ("Deployment", "llm-prefill"),
         ("Service", "llm-prefill"),
         ("ConfigMap", "llm-prefill-config"),
+        ("Job", "llm-prefill-build"),
     ]
 
 
@@ -52,7 +54,7 @@ def test_pd_has_every_child_in_apply_order() -> None:
         ("Deployment", "llm-prefill"),
         ("Deployment", "llm-decode"),
     ]
-    assert build_children(owner(**PD), DEFAULTS).absent == []
+    assert build_children(owner(**PD), DEFAULTS).absent == [("Job", "llm-decode-build"), ("Job", "llm-prefill-build")]
 
 
 def test_every_child_is_labelled_and_controlled_by_the_atomdeployment() -> None:
@@ -293,3 +295,53 @@ def test_network_policies_let_clients_reach_decode_and_only_decode_reach_prefill
     assert http["from"] == [{"podSelector": {"matchLabels": decode["podSelector"]["matchLabels"]}}]
     assert not any(c["kind"] == "NetworkPolicy" for c in build_children(owner(**PD), DEFAULTS).desired)
     assert ("NetworkPolicy", "llm-prefill") in build_children(owner(), with_policy).absent
+
+
+CACHE = {"persistentVolumeClaim": {"claimName": "compiled"}}
+
+
+def test_a_compile_cache_makes_one_compile_job_per_role_and_holds_the_pods_back_until_it_succeeded() -> None:
+    o = owner(**PD, model={"source": "builtin:tiny", "compileCache": CACHE})
+    first = build_children(o, DEFAULTS)
+    jobs = {c["metadata"]["name"]: c for c in first.desired if c["kind"] == "Job"}
+    assert sorted(jobs) == ["llm-decode-build", "llm-prefill-build"]
+    assert not [c for c in first.desired if c["kind"] == "Deployment"]
+    assert sorted(first.withheld) == [("Deployment", "llm-decode"), ("Deployment", "llm-prefill")]
+    job = jobs["llm-decode-build"]
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["atom-engine", "compile", "--config", "/etc/atom/engine.yaml"]
+    assert pod["restartPolicy"] == "Never" and c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert not [r for r in c.get("resources", {}).get("limits", {}) if "/" in r]  # no NPU held by a compile
+    assert {"name": "compile-cache", **CACHE} in pod["volumes"]
+    assert {"name": "compile-cache", "mountPath": "/var/cache/atom/compiled"} in c["volumeMounts"]
+    assert job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [2, 3]  # retrying cannot help
+    assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "decode-build"
+    # The rngd role compiles in its own image, on its own nodes.
+    rngd = jobs["llm-prefill-build"]["spec"]["template"]["spec"]
+    assert rngd["containers"][0]["image"] == DEFAULTS.rngd_image and rngd["nodeSelector"] == {
+        "furiosa.ai/npu.family": "rngd"
+    }
+    keys = {j["metadata"]["annotations"][ARTIFACT_KEY] for j in jobs.values()}
+    later = build_children(o, DEFAULTS, built=keys)
+    deployments = {c["metadata"]["name"]: c for c in later.desired if c["kind"] == "Deployment"}
+    assert sorted(deployments) == ["llm-decode", "llm-prefill"] and later.withheld == []
+    pod = deployments["llm-decode"]["spec"]["template"]["spec"]
+    assert {"name": "compile-cache", "mountPath": "/var/cache/atom/compiled", "readOnly": True} in (
+        pod["containers"][0]["volumeMounts"]
+    )
+    settings = yaml.safe_load(next(c for c in later.desired if c["kind"] == "ConfigMap")["data"]["engine.yaml"])
+    assert settings["compileCacheDir"] == "/var/cache/atom/compiled"
+
+
+def test_the_artifact_key_follows_the_settings_and_the_image() -> None:
+    def key(**spec) -> str:
+        o = owner(**{"model": {"source": "builtin:tiny", "compileCache": CACHE}, **spec})
+        (job,) = [c for c in build_children(o, DEFAULTS).desired if c["kind"] == "Job"]
+        return job["metadata"]["annotations"][ARTIFACT_KEY]
+
+    base = key()
+    assert key() == base
+    assert key(decode={"lanes": 2, "kvBlocks": 4}) != base
+    assert key(image="example.invalid/other:1") != base
+    assert key(decode={"tolerations": [{"key": "npu", "operator": "Exists"}]}) == base  # placement is not the artifact

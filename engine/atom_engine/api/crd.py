@@ -33,6 +33,7 @@ PRINTER_COLUMNS = [
     {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary", "description": "ready/desired"},
     {"name": "Lanes", "type": "integer", "jsonPath": ".spec.decode.lanes"},
     {"name": "KVBlocks", "type": "integer", "jsonPath": ".spec.decode.kvBlocks"},
+    {"name": "Artifact", "type": "string", "jsonPath": ".status.artifact", "description": "compiled artifacts"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

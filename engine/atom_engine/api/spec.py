@@ -15,6 +15,9 @@ from atom_engine.settings import EngineSettings, Role
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields
 
+# Where spec.model.compileCache is mounted in every pod: the engine settings' compileCacheDir.
+COMPILE_CACHE_PATH = "/var/cache/atom/compiled"
+
 
 class ModelSpec(Strict):
     """The model the deployment serves."""
@@ -37,6 +40,15 @@ class ModelSpec(Strict):
         None,
         description="A core/v1 volume source (e.g. persistentVolumeClaim, hostPath, image) mounted read-only at"
         " `source`.",
+    )
+    compile_cache: FreeForm | None = Field(
+        None,
+        description="A core/v1 volume source (typically a persistentVolumeClaim; ReadWriteMany when replicas run on"
+        " several nodes) where compiled graphs are kept, mounted at " + COMPILE_CACHE_PATH + " (the engine's"
+        " compileCacheDir). The operator compiles once per artifact in a Job (<name>-<role>-build) and starts the"
+        " role's pods only after it succeeded; they load the artifact read-only. A volume holding a pre-built"
+        " artifact (manifest.json at its root) is verified against this spec instead. Unset: every pod compiles at"
+        " start.",
     )
     max_seq_len: int = Field(
         _ENGINE["max_seq_len"].default,
@@ -250,4 +262,5 @@ def engine_settings(
         # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
         # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.
         num_devices=max(npus, 1),
+        compile_cache_dir=COMPILE_CACHE_PATH if spec.model.compile_cache else None,
     )

@@ -14,9 +14,9 @@ class _Status(BaseModel):
 
 
 class Condition(_Status):
-    """A metav1.Condition: Ready, Progressing or Degraded."""
+    """A metav1.Condition: Ready, Progressing, Degraded or ArtifactReady."""
 
-    type: str = Field(max_length=316, description="Ready, Progressing or Degraded.")
+    type: str = Field(max_length=316, description="Ready, Progressing, Degraded or ArtifactReady.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation the condition is about.")
     last_transition_time: str | None = Field(
@@ -43,7 +43,7 @@ class AtomDeploymentStatus(_Status):
         None,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing and Degraded.",
+        description="Ready, Progressing and Degraded; ArtifactReady with spec.model.compileCache.",
     )
     decode: RoleStatus | None = Field(None, description="Decode pods; decode.replicas backs the scale subresource.")
     prefill: RoleStatus | None = Field(None, description="Prefill worker pods.")
@@ -52,4 +52,10 @@ class AtomDeploymentStatus(_Status):
     )
     selector: str | None = Field(
         None, max_length=4096, description="Label selector of the decode pods, for the scale subresource (HPA)."
+    )
+    artifact: str | None = Field(
+        None,
+        max_length=32,
+        description="The compiled artifacts of spec.model.compileCache, shown by kubectl get: Compiling, Ready,"
+        " Failed or Mismatch (the ArtifactReady condition says which role and why); unset without a compile cache.",
     )

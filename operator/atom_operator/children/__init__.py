@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from atom_operator.children.compile import artifact_key, build_job
 from atom_operator.children.configmap import build_configmap
 from atom_operator.children.meta import (
     APPLIED_HASH,
     Defaults,
     Owner,
+    Role,
+    build_name,
     config_name,
     digest,
     prefill_service_name,
@@ -28,30 +32,43 @@ class Children:
 
     desired: list[dict[str, Any]]
     absent: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
+    withheld: list[tuple[str, str]] = field(default_factory=list)  # (kind, name): left as they are for now
 
 
-def build_children(owner: Owner, defaults: Defaults) -> Children:
-    roles = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
+def build_children(owner: Owner, defaults: Defaults, built: Collection[str] = ()) -> Children:
+    """``built``: the artifact keys whose compile Job succeeded (only read with spec.model.compileCache)."""
+    roles: list[Role] = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
     desired: list[dict[str, Any]] = []
     configs = {role: build_configmap(owner, role) for role in roles}
     desired.extend(configs.values())
     desired.append(build_service(owner))
     if "prefill" in roles:
         desired.append(build_prefill_service(owner))
-        desired.append(build_deployment(owner, "prefill", digest(configs["prefill"]["data"]), defaults))
-    desired.append(build_deployment(owner, "decode", digest(configs["decode"]["data"]), defaults))
+    withheld: list[tuple[str, str]] = []
+    for role in reversed(roles):  # prefill first: decode pods call the workers
+        deployment = build_deployment(owner, role, digest(configs[role]["data"]), defaults)
+        if owner.spec.model.compile_cache:
+            template = deployment["spec"]["template"]
+            key = artifact_key(configs[role]["data"], template["spec"]["containers"][0]["image"])
+            desired.append(build_job(owner, role, template, key))
+            if key not in built:
+                # No pod before its artifact: a new role waits; a running one keeps its pods (and their artifact)
+                # until the new artifact is built.
+                withheld.append(("Deployment", deployment["metadata"]["name"]))
+                continue
+        desired.append(deployment)
     if defaults.network_policy:
         desired.extend(build_network_policy(owner, role) for role in roles)
     for child in desired:
-        child["metadata"]["annotations"] = {APPLIED_HASH: digest(child)}
-    absent = (
-        []
-        if "prefill" in roles
-        else [
+        applied = digest(child)
+        child["metadata"].setdefault("annotations", {})[APPLIED_HASH] = applied
+    absent = [("Job", build_name(owner, r)) for r in roles if not owner.spec.model.compile_cache]
+    if "prefill" not in roles:
+        absent += [
             ("Deployment", workload_name(owner, "prefill")),
             ("Service", prefill_service_name(owner)),
             ("ConfigMap", config_name(owner, "prefill")),
             *([("NetworkPolicy", prefill_service_name(owner))] if defaults.network_policy else []),
+            ("Job", build_name(owner, "prefill")),
         ]
-    )
-    return Children(desired, absent)
+    return Children(desired, absent, withheld)

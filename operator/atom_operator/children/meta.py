@@ -19,11 +19,13 @@ DEPLOYMENT_LABEL = f"{GROUP}/deployment"
 APPLIED_HASH = f"{GROUP}/applied-hash"
 # The hash of a role's ConfigMap on its pod template: a settings change rolls the pods.
 CONFIG_HASH = f"{GROUP}/config-hash"
+# On a compile Job: which artifact it builds (the role's settings and image); a new one replaces the Job.
+ARTIFACT_KEY = f"{GROUP}/artifact-key"
 MANAGER = "atom-operator"
 
 # The suffixes are defined with the name-length limit (limits.CHILD_NAME_SUFFIXES); unpack them so a new child
 # kind cannot be named here without the limit knowing about it.
-_SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG = CHILD_NAME_SUFFIXES
+_SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG, _DECODE_BUILD, _PREFILL_BUILD = CHILD_NAME_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ def workload_name(owner: Owner, role: Role) -> str:
 def prefill_service_name(owner: Owner) -> str:
     # The headless Service shares the prefill Deployment's name: different kinds, one name per role.
     return owner.name + _PREFILL
+
+
+def build_name(owner: Owner, role: Role) -> str:
+    """The role's compile Job: one per AtomDeployment and role, replaced when the artifact it builds changes."""
+    return owner.name + (_DECODE_BUILD if role == "decode" else _PREFILL_BUILD)
 
 
 def config_name(owner: Owner, role: Role) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from atom_engine.api.spec import COMPILE_CACHE_PATH
 from atom_engine.settings import EngineSettings
 
 from atom_operator import sizing
@@ -89,6 +90,9 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     ]
     if spec.model.volume:
         mounts.append({"name": "model", "mountPath": spec.model.source, "readOnly": True})
+    if spec.model.compile_cache:
+        # Read-only: the role's compile Job built the artifact before these pods started; none compiles again.
+        mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_PATH, "readOnly": True})
     container: dict[str, Any] = {
         "name": "engine",
         "image": engine_image(owner, role, defaults),
@@ -131,6 +135,8 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     ]
     if owner.spec.model.volume:
         volumes.append({"name": "model", **owner.spec.model.volume})
+    if owner.spec.model.compile_cache:
+        volumes.append({"name": "compile-cache", **owner.spec.model.compile_cache})
     pod: dict[str, Any] = {
         "containers": [_container(owner, role, defaults)],
         "volumes": volumes,

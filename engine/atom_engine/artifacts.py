@@ -75,6 +75,12 @@ def sdk_identity(backend: str) -> dict[str, str]:
     return {"name": "torch", "version": torch.__version__}
 
 
+def rngd_sdk_identity(settings: EngineSettings) -> dict[str, Any]:
+    from atom_engine.backends.rngd import pe_fusion, sdk_identity
+
+    return {**sdk_identity(), "peFusion": pe_fusion(settings.num_devices, settings.rngd_pes)}
+
+
 def identity(settings: EngineSettings) -> dict[str, Any]:
     return {
         "backend": settings.backend,
@@ -85,7 +91,7 @@ def identity(settings: EngineSettings) -> dict[str, Any]:
         "maxSeqLen": settings.max_seq_len,
         "prefillChunk": min(settings.prefill_chunk, settings.max_seq_len),  # the runner's effective chunk
         "numDevices": settings.num_devices if settings.backend != "cpu" else 1,
-        "sdk": sdk_identity(settings.backend),
+        "sdk": sdk_identity(settings.backend) if settings.backend != "rngd" else rngd_sdk_identity(settings),
     }
 
 
@@ -173,6 +179,8 @@ def build_backend(settings: EngineSettings, model: LlamaForCausalLM, chunk: int)
     from atom_engine.backends import make_backend
 
     args = dict(lanes=settings.lanes, kv_blocks=settings.kv_blocks, chunk=chunk, num_devices=settings.num_devices)
+    if settings.backend == "rngd":
+        args["rngd_pes"] = settings.rngd_pes
     if not settings.compile_cache_dir:
         return make_backend(settings.backend, model, **args)
     ident = identity(settings)

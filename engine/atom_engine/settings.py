@@ -40,6 +40,10 @@ class EngineSettings(BaseModel):
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     num_devices: int = Field(1, ge=1, le=limits.NPUS_PER_REPLICA_MAX, description="NPUs this engine drives"
                              " (the AtomDeployment's npusPerReplica); ignored by the cpu backend.")
+    rngd_pes: Literal[1, 2, 4, 8, 16, 32] | None = Field(
+        None, description="rngd backend: the PEs (processing elements) fused into its one device. Unset: every PE"
+        " of its numDevices RNGD cards (8 per card); a partition of one card has fewer (furiosa.ai/rngd-1core.6gb:"
+        " 1, -2core.12gb: 2, -4core.24gb: 4). Compiled graphs are bound to it.")
     compile_cache_dir: str | None = Field(None, description="Directory (usually a mounted volume) where compiled"
                                           " graphs are saved with a manifest and loaded by later starts; unset:"
                                           " compile at every start.")

@@ -98,13 +98,13 @@ class Proc:
 
 
 def spawn(tmp: Path, name: str, role: str, settings: dict, env: dict[str, str] | None = None,
-          port: int | None = None) -> Proc:
+          port: int | None = None, engine_bin: Path = ENGINE_BIN) -> Proc:
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump({_camel(k): v for k, v in settings.items()}))
     port = port or free_port()
     log = tmp / f"{name}.log"
     proc = subprocess.Popen(
-        [str(ENGINE_BIN), "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1", "--port",
+        [str(engine_bin), "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1", "--port",
          str(port)],
         stdout=log.open("w"), stderr=subprocess.STDOUT,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},

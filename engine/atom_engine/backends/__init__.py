@@ -1,7 +1,8 @@
 """Backends run prefill, decode, block copy and KV export/import on a device; each owns its KV cache.
 
 ``cpu`` runs the model eagerly with torch on host tensors; ``atom`` compiles the static-shape graphs with the RBLN
-SDK (``rebel``, imported only there), and its KV lives on the device, reached through graphs only.
+SDK (``rebel``, imported only there), and its KV lives on the device, reached through graphs only; ``rngd``
+compiles the prefill graph with FuriosaAI's furiosa-torch for prefill workers, its KV read back by explicit copies.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Backend(Protocol):
 
 
 def make_backend(name: str, model: LlamaForCausalLM, *, lanes: int, kv_blocks: int, chunk: int,
-                 num_devices: int = 1, load_from: Path | None = None) -> Backend:
+                 num_devices: int = 1, load_from: Path | None = None, rngd_pes: int | None = None) -> Backend:
     """``load_from``: a directory of graphs saved by ``save`` (an artifact), loaded instead of compiling."""
     if name == "cpu":
         from atom_engine.backends.cpu import CpuBackend
@@ -50,4 +51,9 @@ def make_backend(name: str, model: LlamaForCausalLM, *, lanes: int, kv_blocks: i
 
         return AtomBackend(model, kv_blocks=kv_blocks, lanes=lanes, chunk=chunk, num_devices=num_devices,
                            load_from=load_from)
-    raise ValueError(f"backend must be 'cpu' or 'atom'; got {name!r}")
+    if name == "rngd":  # prefill workers only (limits.role_backend_error keeps it from decoding)
+        from atom_engine.backends.rngd import RngdBackend
+
+        return RngdBackend(model, kv_blocks=kv_blocks, chunk=chunk, num_devices=num_devices, pes=rngd_pes,
+                           load_from=load_from)
+    raise ValueError(f"backend must be 'cpu', 'atom' or 'rngd'; got {name!r}")

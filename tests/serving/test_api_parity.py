@@ -228,6 +228,17 @@ async def test_chat_logprobs_and_top_logprobs(hf, hf_server: str) -> None:
     assert tokens == [item.token for item in content]
 
 
+async def test_prompt_logprobs_on_a_backend_without_every_tokens_logits_are_refused() -> None:
+    async with in_process("standalone", lanes=1, kv_blocks=2, prefix_cache=False) as (server, url):
+        server.engine.runner.backend.every_token_logits = False  # as a compiled prefill graph (atom)
+        status, err = await post(url, "/v1/completions", {"model": MODEL, "prompt": "ab", "echo": True,
+                                                          "logprobs": 1, "max_tokens": 1})
+        assert status == 400 and err["error"]["param"] == "echo" and "last token's logits" in err["error"]["message"]
+        status, _ = await post(url, "/v1/completions", {"model": MODEL, "prompt": "ab", "logprobs": 1,
+                                                        "max_tokens": 1})
+        assert status == 200  # logprobs of generated tokens need only the decode step's logits
+
+
 # -- stop tokens, min_tokens, penalties --------------------------------------------------------------------------
 async def test_stop_token_ids_end_without_the_stop_tokens_text(tiny: str) -> None:
     c = client(tiny)

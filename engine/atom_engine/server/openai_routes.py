@@ -102,6 +102,7 @@ class OpenAIRoutes:
             req.check_vocab(self.engine.vocab_size)
             prompts = [(p if isinstance(p, str) else None, self._encode(p)) for p in req.prompts()]
             params = self._params(lambda: req.completion_sampling(DEFAULT_COMPLETION_TOKENS))
+            self._check_prompt_logprobs(params)
             return await self._serve(request, rid, "completion", req, prompts, params)
         except ApiError as exc:
             return self._refused(rid, exc)
@@ -157,6 +158,16 @@ class OpenAIRoutes:
         self.rejected += 1
         log.info("event=request_refused request_id=%s status=%d message=%r", rid, exc.status, exc.message)
         return exc.response()
+
+    def _check_prompt_logprobs(self, params: SamplingParams) -> None:
+        """Prompt logprobs need every prompt token's logits from prefill: the cpu backend has them; a compiled
+        static-shape prefill graph returns only the last token's (refused here, not failed later)."""
+        if params.prompt_logprobs is None or not self.engine.settings.local_prefill:
+            return  # remote prefill: the worker's backend decides (a refusal there fails the request)
+        backend = self.engine.runner.backend
+        if not getattr(backend, "every_token_logits", False):
+            raise ApiError(400, f"echo with logprobs (prompt logprobs): the {self.engine.settings.backend} backend's"
+                           " prefill returns only the last token's logits", param="echo", code="invalid_value")
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:

@@ -344,6 +344,19 @@ async def test_tokenize_and_detokenize_as_vllm(tiny: str) -> None:
         assert status == 400 and err["error"]["param"] == param, (path, body, err)
 
 
+async def test_tokenizer_info_serves_lm_evals_remote_tokenizer(hf_server: str, hf) -> None:
+    """lm-eval's RemoteTokenizer (tokenizer_backend=auto) needs /tokenizer_info with eos_token, then tokenizes
+    through /tokenize without special tokens and decodes through /detokenize."""
+    async with aiohttp.ClientSession() as s, s.get(f"{hf_server}/tokenizer_info") as r:
+        info = await r.json()
+    assert r.status == 200 and info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 512
+    tok = transformers.AutoTokenizer.from_pretrained(hf[0])
+    _, body = await post(hf_server, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+    assert body["tokens"] == [tok.eos_token_id]
+    _, body = await post(hf_server, "/tokenize", {"prompt": "héllo wörld", "add_special_tokens": False})
+    assert body["tokens"] == tok("héllo wörld", add_special_tokens=False)["input_ids"]
+
+
 # -- a client leaving --------------------------------------------------------------------------------------------
 async def test_client_leaving_mid_stream_is_an_info_event(tiny: str, caplog: pytest.LogCaptureFixture) -> None:
     before = await wait_metrics(tiny, idle, "an idle engine")

@@ -60,6 +60,7 @@ class EngineServer:
                     web.get("/v1/models", self._delegate("routes", "models")),
                     web.post("/tokenize", self._delegate("routes", "tokenize")),
                     web.post("/detokenize", self._delegate("routes", "detokenize")),
+                    web.get("/tokenizer_info", self._delegate("routes", "tokenizer_info")),
                 ]
             )
         app.on_startup.append(self._startup)

@@ -84,7 +84,7 @@ class OpenAIRoutes:
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
                 web.get("/v1/models", self.models), web.post("/tokenize", self.tokenize),
-                web.post("/detokenize", self.detokenize)]
+                web.post("/detokenize", self.detokenize), web.get("/tokenizer_info", self.tokenizer_info)]
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atom",
@@ -138,6 +138,19 @@ class OpenAIRoutes:
                                       "tokens": ids, "token_strs": strs})
         except ApiError as exc:
             return self._refused("tokenize", exc)
+
+    async def tokenizer_info(self, _request: web.Request) -> web.Response:
+        """vLLM's /tokenizer_info: the tokenizer's special tokens and chat template, so a client (lm-eval's
+        remote tokenizer) can tokenize through /tokenize without the checkpoint's files."""
+        from atom_engine.model.builtin import checkpoint_path
+        from atom_engine.server.chat import read_template
+
+        path = checkpoint_path(self.engine.settings.model_source)
+        template, specials = read_template(path) if path is not None else (None, {})
+        info = {"tokenizer_class": type(self.engine.tokenizer).__name__, "eos_token": None, "bos_token": None,
+                "pad_token": None, **specials, "chat_template": template,
+                "model_max_length": self.engine.settings.max_seq_len}
+        return web.json_response(info)
 
     async def detokenize(self, request: web.Request) -> web.Response:
         """vLLM's /detokenize: ``{"prompt": text}``."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from atom_engine.api import AtomDeploymentSpec, NpuProfile, npu_demand
+from atom_engine.api import AtomDeploymentSpec, NpuProfile, engine_settings, npu_demand
+from atom_engine.limits import role_backend_error
 from atom_operator.runtime import Config
+from pydantic import ValidationError
 
 
 def test_the_defaults_are_what_the_vendors_installers_give_a_cluster_today() -> None:
@@ -75,3 +77,17 @@ def test_demand_is_counted_under_the_profiles_names() -> None:
     assert npu_demand(spec) == {"rebellions.ai/npu": 8, "furiosa.ai/rngd": 3}
     legacy = NpuProfile(atom={"resource": "rebellions.ai/ATOM"})
     assert npu_demand(spec, legacy) == {"rebellions.ai/ATOM": 8, "furiosa.ai/rngd": 3}
+
+
+def test_rngd_is_admitted_only_where_the_engine_runs_it() -> None:
+    base = {"model": {"source": "builtin:tiny"}}
+    with pytest.raises(ValidationError, match="decode.backend"):
+        AtomDeploymentSpec.model_validate({**base, "decode": {"backend": "rngd"}})
+    spec = AtomDeploymentSpec.model_validate(
+        {**base, "decode": {"localPrefill": False}, "prefill": {"replicas": 1, "backend": "rngd", "npusPerReplica": 2}}
+    )
+    # What the operator renders for the rngd pods is what the engine accepts for them: the prefill role, no prefix
+    # cache (EngineSettings refuses rngd with one), the NPUs as numDevices.
+    settings = engine_settings(spec, "prefill", name="llm")
+    assert role_backend_error("prefill", settings.backend) is None and role_backend_error("decode", "rngd")
+    assert (settings.prefix_cache, settings.num_devices) == (False, 2)

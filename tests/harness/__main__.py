@@ -40,8 +40,10 @@ LABEL_COLUMNS = (
 
 def print_nodes(cluster: Cluster) -> None:
     print(cluster.kubectl("get", "nodes", "-o", f"custom-columns={NODE_COLUMNS}").stdout, end="")
-    # kubectl get nodes -L: every vendor label as its own column, exactly as the scheduler matches them.
-    print(cluster.kubectl("get", "nodes", "-L", ",".join(LABEL_COLUMNS)).stdout, end="")
+    # Every vendor label under its full name (kubectl get -L would cut the domain off), as the scheduler matches it.
+    labels = [label + ":.metadata.labels." + label.replace(".", "\\.") for label in LABEL_COLUMNS]
+    columns = ",".join(["NAME:.metadata.name", *labels])
+    print(cluster.kubectl("get", "nodes", "-o", f"custom-columns={columns}").stdout, end="")
 
 
 def up(real_node: bool = False) -> int:

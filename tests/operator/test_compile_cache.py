@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,9 +32,15 @@ BIN = Path(sys.executable).parent
 LOG_TAIL_BYTES = 2048  # the kubelet's FallbackToLogsOnError keeps at most the last 2048 bytes / 80 lines
 
 
-def claim(cluster, namespace: str, path: Path) -> dict:
-    """A PersistentVolume on ``path`` bound to the claim ``compiled``: a compile cache as a cluster has one."""
+@pytest.fixture
+def claim(cluster, namespace: str) -> Iterator[Callable[[Path], dict]]:
+    """A PersistentVolume on a local path bound to the claim ``compiled``: a compile cache as a cluster has one."""
     pv = f"compiled-{namespace}"
+    yield lambda path: _bind(cluster, namespace, pv, path)
+    cluster.kubectl("delete", "pv", pv, "--wait=false", check=False)  # cluster-scoped: the namespace keeps none
+
+
+def _bind(cluster, namespace: str, pv: str, path: Path) -> dict:
     cluster.apply(
         [
             {
@@ -189,10 +195,10 @@ def _ready(port: int, proc: subprocess.Popen, log: Path) -> bool:
 CPU = {"backend": "cpu", "npusPerReplica": 0, "lanes": 2, "kvBlocks": 4}
 
 
-def test_three_replicas_compile_once_and_load_the_artifact(cluster, op, namespace, tmp_path) -> None:
+def test_three_replicas_compile_once_and_load_the_artifact(cluster, op, namespace, claim, tmp_path) -> None:
     cache = tmp_path / "volume"
     cache.mkdir()
-    create(cluster, namespace, model={"source": "builtin:tiny", "compileCache": claim(cluster, namespace, cache)},
+    create(cluster, namespace, model={"source": "builtin:tiny", "compileCache": claim(cache)},
            decode={**CPU, "replicas": 3})  # fmt: skip
     compile_pod(cluster, namespace)
     # Before the artifact exists, no serving pod does.
@@ -226,7 +232,7 @@ def test_three_replicas_compile_once_and_load_the_artifact(cluster, op, namespac
 
 
 def test_a_mismatched_artifact_is_a_condition_naming_the_field_and_no_pod_starts(
-    cluster, op, namespace, tmp_path
+    cluster, op, namespace, claim, tmp_path
 ) -> None:
     # A volume with a pre-built (pinned) artifact, compiled for 2 lanes elsewhere.
     cache = tmp_path / "volume"
@@ -241,7 +247,7 @@ def test_a_mismatched_artifact_is_a_condition_naming_the_field_and_no_pod_starts
         f.rename(cache / f.name)
     keyed.rmdir()
 
-    create(cluster, namespace, model={"source": "builtin:tiny", "compileCache": claim(cluster, namespace, cache)},
+    create(cluster, namespace, model={"source": "builtin:tiny", "compileCache": claim(cache)},
            decode={**CPU, "replicas": 2, "lanes": 4, "kvBlocks": 6})  # fmt: skip
     done = run_compile_pod_as_a_kubelet(cluster, namespace, cache, tmp_path)
     assert done.returncode == 3, done.stderr[-3000:]

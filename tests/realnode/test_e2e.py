@@ -93,6 +93,21 @@ def test_ready_with_pods_on_the_real_node(real_node: RealNodeCluster, served: di
     for role, found in devices.items():
         assert len([d for d in found if d.startswith("/dev/rbln")]) == 1 and "/dev/rsd0" in found, (role, found)
     assert not {d for d in devices["decode"] if d.startswith("/dev/rbln")} & set(devices["prefill"]), devices
+    # The engine's own device discovery (what the atom backend drives), run in the decode container, finds that card.
+    (decode,) = scenario.running_pods(real_node, e2e_namespace, NAME, "decode")
+    (card,) = (d.removeprefix("/dev/rbln") for d in devices["decode"] if d.startswith("/dev/rbln"))
+    found = real_node.kubectl("exec", "-n", e2e_namespace, decode["metadata"]["name"], "--", "python3", "-c",
+                              ENGINE_DEVICES).stdout
+    assert f"event=atom_devices num_devices=1 devices={card} source=/dev/rbln* visible={card}" in found, found
+
+
+# atom_engine.backends.devices.visible_devices logs the cards it found (RBLN_VISIBLE_DEVICES, else /dev/rbln*).
+ENGINE_DEVICES = (
+    "import logging, sys\n"
+    "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+    "from atom_engine.backends.devices import visible_devices\n"
+    "visible_devices(1)\n"
+)
 
 
 def npu_devices(node: RealNodeCluster, namespace: str, pod: dict) -> list[str]:

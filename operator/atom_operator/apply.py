@@ -41,7 +41,10 @@ async def ensure(
     if current is not None and not needs_write(desired, current):
         return None
     if kind in REPLACED_KINDS and current is not None:
-        # A Job's pod template is immutable: a new artifact (or placement) is a new Job.
+        # A Job's pod template is immutable: a new artifact (or placement) is a new Job. Only what we applied
+        # decides (a difference the server made would otherwise replace it over and over, recompiling each time).
+        if (current["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][APPLIED_HASH]:
+            return None
         await kube.delete(kind, meta["namespace"], meta["name"], uid=current["metadata"].get("uid"))
         cache.forget(kind, meta["namespace"], meta["name"])
     written = await kube.apply(desired, MANAGER)

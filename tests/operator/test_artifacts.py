@@ -52,3 +52,4 @@ def test_the_report_follows_the_job_of_the_current_key() -> None:
         "decode: artifact mismatch: lanes: artifact has 2, settings have 4; the decode pods do not start"
         " (Job llm-decode-build)"
     )
+

@@ -229,6 +229,10 @@ def test_three_replicas_compile_once_and_load_the_artifact(cluster, op, namespac
             assert f"event=artifact_loaded key={keys[0]}" in text, text[-2000:]
             assert "event=artifact_compiled" not in text
     assert [d.name for d in cache.iterdir()] == keys  # one artifact, compiled once
+    # One Job, written once: never replaced (which would compile again) by a reconcile that saw the server's view.
+    job_writes = [(w["verb"], w["objectRef"]["name"]) for w in op.writes(namespace)
+                  if w["objectRef"].get("resource") == "jobs"]  # fmt: skip
+    assert job_writes == [("patch", "llm-decode-build")], job_writes  # server-side apply creates with a patch
 
 
 def test_a_mismatched_artifact_is_a_condition_naming_the_field_and_no_pod_starts(

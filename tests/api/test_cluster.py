@@ -137,6 +137,9 @@ def test_webhook_warns_when_the_cluster_lacks_npus(crds, hook_ns: str) -> None:
     out = _apply(crds, manifest)
     assert out.returncode == 0, out.stderr
     assert f"Warning: needs {need} rebellions.ai/npu, cluster has {have} allocatable" in out.stderr
+    legacy = sum(int(n["status"].get("allocatable", {}).get("rebellions.ai/ATOM", 0)) for n in nodes)
+    if legacy:  # the harness's legacy-named node: the warning names the scheme the cluster also advertises
+        assert f"the nodes advertise rebellions.ai/ATOM: {legacy}: if those are the NPUs meant" in out.stderr
 
 
 def test_webhook_warns_about_a_missing_claim(crds, hook_ns: str) -> None:

@@ -16,7 +16,7 @@ vllm-rbln 0.12.0 (``vllm_rbln/...``). The NPU itself is faked: a graph runs as i
 - A call passes the graph's non-static inputs only, positionally, plus an optional ``out=``
   (utils/runtime_utils.py:195-201; decoderonly_runtime_utils.py:347-357 and :631-642): any other arity is refused.
 - ``compiled.save(path)`` / ``RBLNCompiledModel(path)`` (modeling_base.py:190-213; the cosmos guardrail saves
-  ``.rbln`` files with ``compiled_model.save``, diffusers/pipelines/cosmos/cosmos_guardrail.py:214-217).
+  ``.rbln`` files with ``compiled_model.save``, diffusers/pipelines/cosmos/cosmos_guardrail.py:215-218).
 - Prefill chunk: a positive multiple of 64 (transformers/modeling_attention_utils.py:92-96).
 - 16 GiB of DRAM per ATOM less the 288 MiB system region (utils/runtime_utils.py:48-54); a runtime that does
   not fit fails with "Lack of device memory" (the words optimum matches, modeling_base.py:360-378).
@@ -43,7 +43,7 @@ __all__ = ["CompileContext", "RBLNCompiledModel", "RBLNRuntimeError", "Runtime",
            "device_count", "get_npu_name", "npu_is_available"]
 
 # utils/runtime_utils.py:48-54: an RBLN-CA (ATOM) has 16 GiB of DRAM and reserves 288 MiB per chiplet; ATOM
-# reports one chiplet (transformers/modeling_attention_utils.py:326-327).
+# reports one chiplet (transformers/modeling_attention_utils.py:320).
 DRAM_BYTES = 16 * 2**30
 SYSTEM_BYTES = 288 * 2**20
 AVAILABLE_BYTES = DRAM_BYTES - SYSTEM_BYTES
@@ -66,7 +66,7 @@ class RBLNRuntimeError(RuntimeError):
 # -- the host's cards -----------------------------------------------------------------------------------------
 def _visible() -> list[int]:
     # vllm_rbln/platform/__init__.py:259-265: the runtime takes RBLN_DEVICES and RBLN_VISIBLE_DEVICES and prefers
-    # the former; entries are card numbers, comma or space separated (vllm_rbln/v1/worker/utils.py:240-243).
+    # the former; entries are card numbers, comma or space separated (vllm_rbln/v1/worker/utils.py:262-266).
     for var in ("RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"):
         raw = os.environ.get(var, "")
         if raw.strip():
@@ -124,7 +124,7 @@ class RBLNCompiledModel:
         return self
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        # cosmos_guardrail.py:214-217 saves to a path ending in .rbln; modeling_base.py:193-212 loads *.rbln back.
+        # cosmos_guardrail.py:215-218 saves to a path ending in .rbln; modeling_base.py:193-212 loads *.rbln back.
         torch.save({"format": SAVE_FORMAT, **self.__dict__}, Path(path))
 
     # for tests

@@ -19,7 +19,7 @@ _ids = itertools.count(1)
 
 class CompileContext:
     def __init__(self, use_weight_sharing: bool = False) -> None:
-        # Keyword from modeling_decoderonly.py:264 (``CompileContext(use_weight_sharing=True)``); the fake refuses
+        # Keyword from modeling_decoderonly.py:263 (``CompileContext(use_weight_sharing=True)``); the fake refuses
         # any other keyword like a plain Python signature would.
         self.use_weight_sharing = use_weight_sharing
         self.uid = f"ctx-{next(_ids)}-{id(self):x}"

@@ -1,6 +1,7 @@
 # Targets follow kubebuilder's names where they exist (test, run, install, docker-build, test-e2e).
 SHELL := /bin/bash
 PY := .venv/bin/python
+PY_RNGD := .venv-rngd/bin/python
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -14,8 +15,9 @@ demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv tools device-plugin-stubs model judges ## install what the tests need (.venv, the pinned tools, Debian packages, the models, the judges), run the whole suite
+test: prereqs venv venv-rngd tools device-plugin-stubs model judges ## install what the tests need (.venv, .venv-rngd, the pinned tools, Debian packages, the models, the judges), run the whole suite
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd/test_fake_runtime.py $(PYTEST_ARGS)
 
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine

@@ -6,9 +6,11 @@
 #   nftables iptables              kube-proxy (nftables mode) and the bridge's FORWARD rules
 #   gcc libc6-dev                  the static pause image
 #   gcc-aarch64-linux-gnu          furiosa-torch's compiler shells out to aarch64-linux-gnu-gcc (the rngd backend's
-#                                  tests compile for real); the wheel does not declare it
+#   libc6-dev-arm64-cross          tests compile for real); the wheel declares neither. Without the arm64 libc headers
+#                                  the compile fails late: "bits/wordsize.h: No such file or directory"
 set -euo pipefail
-packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl gcc-aarch64-linux-gnu)
+packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl gcc-aarch64-linux-gnu
+  libc6-dev-arm64-cross)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -86,6 +86,9 @@ class DeviceTensor:
         raise RuntimeError("host access to furiosa device memory without an explicit copy (.cpu())")
 
     numpy = item = tolist = __array__ = __bool__ = __float__ = __int__ = __index__ = __iter__ = _host_access
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __matmul__ = _host_access
+    __eq__ = __lt__ = __gt__ = __le__ = __ge__ = __neg__ = _host_access
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return f"DeviceTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"

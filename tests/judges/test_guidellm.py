@@ -19,8 +19,8 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 32, 16
 
 
 @pytest.mark.parametrize(("engine", "profile", "route", "requests"), [
-    ("direct", "kind=synchronous", "/v1/completions", 6),
-    ("pd", "kind=concurrent,streams=4", "/v1/chat/completions", 12),
+    ("direct", "kind=synchronous", "/v1/completions", 4),
+    ("pd", "kind=concurrent,streams=4", "/v1/chat/completions", 8),
 ], ids=["synchronous", "concurrent"])
 def test_guidellm_profile_has_no_errors_and_sane_token_counts(judges_python: Path, checkpoint: Path,
                                                               engines: dict[str, Proc], tmp_path: Path, engine: str,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from pathlib import Path
 
 import aiohttp
@@ -368,13 +367,13 @@ async def test_client_leaving_mid_stream_is_an_info_event(tiny: str, caplog: pyt
             await r.content.readline()  # the first event: both choices hold lanes
             r.close()
     m = await wait_metrics(tiny, lambda m: m["atom:requests_cancelled_total"]
-                           == before["atom:requests_cancelled_total"] + 6 and idle(m), "the cancels")
+                           == before["atom:requests_cancelled_total"] + 6 and idle(m), "the cancels",
+                           timeout=90)
     assert_no_block_leaked(m)
     await asyncio.sleep(0.2)
     bad = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert not bad, [(r.name, r.getMessage()) for r in bad]
     assert any("request_cancelled" in r.getMessage() for r in caplog.records)
-    assert math.isfinite(m["atom:requests_cancelled_total"])
 
 
 # -- through PD: the decode side samples, the prefill worker scores the prompt ---------------------------------

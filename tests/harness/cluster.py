@@ -91,8 +91,10 @@ def legacy_atom_node(name: str, npus: int = 4) -> FakeNode:
 
 
 def rngd_node(name: str, npus: int = 2, resource: str = npu.RNGD_RESOURCE, product: str = "rngd") -> FakeNode:
-    """An RNGD node as Furiosa's feature discovery labels it (no ``npu.present`` label exists) and its device
-    plugin advertises it (``furiosa.ai/rngd``, or a partition name such as ``furiosa.ai/rngd-2core.12gb``)."""
+    """An RNGD node with ``npus`` cards as Furiosa's feature discovery labels it (no ``npu.present`` label exists)
+    and its device plugin advertises it: ``furiosa.ai/rngd`` per card, or per partition of a card for a partition
+    name such as ``furiosa.ai/rngd-2core.12gb`` (8 cores a card: resource_name.go rngdMaxCores)."""
+    units = npus * npu.rngd_partitions_per_card(resource)
     # Labels: furiosa-ai/furiosa-feature-discovery src/npu.rs to_labels and src/furiosa-feature-discovery.rs
     # extract_labels (npu.count); see atom_engine.api.npu.
     return FakeNode(
@@ -108,7 +110,7 @@ def rngd_node(name: str, npus: int = 2, resource: str = npu.RNGD_RESOURCE, produ
             f"{npu.RNGD_DRIVER_LABEL}.metadata": "",
             f"{npu.RNGD_DRIVER_LABEL}.prerelease": "",
         },
-        {resource: str(npus)},
+        {resource: str(units)},
     )
 
 

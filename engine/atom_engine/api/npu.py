@@ -47,10 +47,18 @@ RBLN_FAMILY_LABEL, RBLN_PRODUCT_LABEL = RBLN_LABELS + "family", RBLN_LABELS + "p
 
 # Furiosa: the device plugin's names (resource_name.go), then feature discovery's labels (npu.rs).
 RNGD_RESOURCE = "furiosa.ai/rngd"
-RNGD_PARTITION_RESOURCES = tuple(f"{RNGD_RESOURCE}-{cores}core.{cores * 6}gb" for cores in (1, 2, 4))
+RNGD_PARTITION_RESOURCES = tuple(f"{RNGD_RESOURCE}-{cores}core.{cores * 6}gb" for cores in (1, 2, 4))  # 6 GB/core
 RNGD_LABELS = "furiosa.ai/npu."
 RNGD_FAMILY_LABEL, RNGD_PRODUCT_LABEL, RNGD_COUNT_LABEL = (RNGD_LABELS + k for k in ("family", "product", "count"))
 RNGD_DRIVER_LABEL = "furiosa.ai/driver.version"
+RNGD_CORES = 8  # per card (resource_name.go rngdMaxCores)
+
+
+def rngd_partitions_per_card(resource: str) -> int:
+    """How many of ``resource`` one RNGD card gives: 1 whole card, or 8 / the partition's cores."""
+    if resource == RNGD_RESOURCE:
+        return 1
+    return RNGD_CORES // int(resource.removeprefix(RNGD_RESOURCE + "-").split("core")[0])
 RNGD_FAMILY, RNGD_PRODUCTS = "rngd", ("rngd", "rngd-s", "rngd-max")
 
 # The names each backend may be configured with: what the vendors' plugins can advertise, nothing else, so a typo

@@ -19,7 +19,8 @@ from the same recipe:
 * **Images**, each a static Go binary built from its pinned module (hack/tools) in a minimal image:
   kube-apiserver, kube-controller-manager, kube-scheduler, etcd, CoreDNS; kube-proxy with the iptables/nft
   binaries and their shared libraries staged from the node rootfs (as kind stages local-path-helper's); the
-  project's static pause (tests/harness/containerd.py). They are named ``atom.local/kind/<name>:<version>``
+  project's static pause (tests/harness/containerd.py); with ``storage=True`` also kind's local-path
+  provisioner and its staged helper, with kind's default-storage manifest. They are named ``atom.local/kind/<name>:<version>``
   and kubeadm is pointed at them with ``imageRepository`` and the etcd/dns image tags (:func:`cluster_config`).
 * **CNI**: kindnetd's Go module cannot be fetched through the module proxy here (``go list -m
   sigs.k8s.io/kindnet``: "not available"), so clusters on this image use ``disableDefaultCNI`` and the image
@@ -85,6 +86,10 @@ class NodeRecipe:
     # The local-path provisioner's helper pod runs `/bin/sh /script/setup|teardown` (mkdir, rm): kind's
     # images/local-path-helper stages exactly these into a distroless image.
     helper_binaries: tuple[str, ...] = ("/bin/sh", "/bin/mkdir", "/bin/rm")
+    # kind's default storage. Off by default: compiling the provisioner (its own client-go) took over 10 minutes on
+    # this shared 2-core machine; without /kind/manifests/default-storage.yaml kind installs its legacy host-path
+    # StorageClass instead (pkg/cluster/internal/create/actions/installstorage), and the e2e uses no volume.
+    storage: bool = False
     revision: int = 1
 
     def versions(self) -> dict[str, str]:
@@ -271,14 +276,15 @@ def _cni_conflist() -> dict:
     }
 
 
-def _install_kubernetes(rootfs: Path) -> None:
+def _install_kubernetes(recipe: NodeRecipe, rootfs: Path) -> None:
     for binary in ("kubeadm", "kubelet", "kubectl"):
         dst = rootfs / "usr/bin" / binary
         shutil.copyfile(tools.path(binary), dst)
         dst.chmod(0o755)
     (rootfs / "kind/version").write_text(NodeRecipe().versions()["kubernetes"])
-    (rootfs / "kind/manifests").mkdir(parents=True, exist_ok=True)
-    (rootfs / "kind/manifests/default-storage.yaml").write_text(storage_manifest())
+    if recipe.storage:
+        (rootfs / "kind/manifests").mkdir(parents=True, exist_ok=True)
+        (rootfs / "kind/manifests/default-storage.yaml").write_text(storage_manifest())
     conflist = rootfs / CNI_CONFLIST.lstrip("/")
     conflist.parent.mkdir(parents=True, exist_ok=True)
     conflist.write_text(json.dumps(_cni_conflist(), indent=2))
@@ -390,6 +396,8 @@ def _component_images(recipe: NodeRecipe, rootfs: Path) -> list[str]:
         "iptables-nft", "iptables-nft-save", "iptables-nft-restore", "ip6tables-nft", "ip6tables-nft-save",
         "ip6tables-nft-restore")}
     _image_from_files(refs["kube-proxy"], proxy, links, (PATH_ENV,))
+    if not recipe.storage:
+        return [*refs.values(), containerd.build_pause_image()]
     storage = storage_refs()
     _image_from_files(storage["storageProvisionerImage"],
                       {"/usr/local/bin/local-path-provisioner": tools.path("local-path-provisioner").read_bytes()},
@@ -444,14 +452,14 @@ def build(recipe: NodeRecipe = NodeRecipe()) -> str:
     work = cache_dir() / "kind-node"
     work.mkdir(parents=True, exist_ok=True)
     for binary in ("kubeadm", "kubelet", "kubectl", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                   "kube-proxy", "etcd", "coredns", "local-path-provisioner"):
+                   "kube-proxy", "etcd", "coredns", *(("local-path-provisioner",) if recipe.storage else ())):
         tools.path(binary)  # builds the pinned tool if it is missing
     with tempfile.TemporaryDirectory(prefix="build-", dir=work) as tmp:
         rootfs = Path(tmp) / "rootfs"
         _debootstrap(recipe, rootfs, work / "debootstrap.log")
         _install_kind_files(rootfs, kind_files(), containerd.pause_tag())
         _replay_dockerfile_steps(rootfs)
-        _install_kubernetes(rootfs)
+        _install_kubernetes(recipe, rootfs)
         images = _component_images(recipe, rootfs)
         base = f"{NODE_REPOSITORY}-base:{recipe.key()}"
         _docker_import(rootfs, base, NODE_CHANGES)

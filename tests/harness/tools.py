@@ -29,6 +29,7 @@ class ToolSet:
     module: str  # the upstream module whose version names the cache folder
     packages: dict[str, str]  # binary name -> Go package path
     version_ldflags: tuple[str, ...] = ()
+    on_demand: bool = False  # not built by `make tools`, only when something asks for its path
 
     @property
     def version(self) -> str:
@@ -84,7 +85,7 @@ TOOLSETS = (
     ToolSet("coredns", "github.com/coredns/coredns", {"coredns": "atom.dev/hack/tools/coredns"}),
     # ... and its default storage (kind installs a local-path provisioner).
     ToolSet("local-path-provisioner", "github.com/rancher/local-path-provisioner",
-            {"local-path-provisioner": "github.com/rancher/local-path-provisioner"}),
+            {"local-path-provisioner": "github.com/rancher/local-path-provisioner"}, on_demand=True),
 )
 
 
@@ -158,14 +159,15 @@ def kubectl() -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.harness.tools", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build every pinned tool that is not cached yet")
+    sub.add_parser("build", help="build every pinned tool that is not cached yet (except on-demand ones)")
     sub.add_parser("list", help="print each tool's cached path")
     where = sub.add_parser("path", help="print one tool's path, building it if needed")
     where.add_argument("binary")
     args = p.parse_args(argv)
     if args.cmd == "build":
         for ts in TOOLSETS:
-            build(ts)
+            if not ts.on_demand:
+                build(ts)
     elif args.cmd == "list":
         for ts in TOOLSETS:
             for b in ts.packages:

@@ -430,8 +430,9 @@ def _preload(base: str, images: list[str], tag: str, work: Path) -> None:
         missing = [i for i in images if not any(line == i or line.endswith("/" + i) for line in listed)]
         if missing:
             raise DockerError(f"not in the node's containerd after the import: {missing}; it has {listed}")
-        _run(["docker", "exec", name, "bash", "-c", "pkill containerd; for i in $(seq 1 40); do pgrep containerd "
-              ">/dev/null || exit 0; sleep 0.25; done; exit 1"], "stopping containerd")
+        # `sleep` is PID 1 here and reaps nobody: containerd is stopped once it is gone or a zombie.
+        _run(["docker", "exec", name, "bash", "-c", "pkill containerd; for i in $(seq 1 120); do "
+              "ps -C containerd -o stat= | grep -qv Z || exit 0; sleep 0.25; done; exit 1"], "stopping containerd")
         _run(["docker", "exec", name, "rm", "-f", "/tmp/containerd.log"], "cleanup")
         _run(["docker", "commit", *[a for c in NODE_CHANGES for a in ("--change", c)], name, tag], "docker commit")
     finally:

@@ -5,7 +5,7 @@ Two ways to get a cluster whose pods really run, then the same steps (tests/real
 - the real node (marker ``realnode``, part of ``make test``): both images are built (tests/harness/docker.py) and
   imported into the node's containerd; the tests below run in file order against one deployment and end by
   deleting it;
-- kind (marker ``kind``: ``make e2e-kind``): a kind cluster on the node image
+- kind (marker ``kind``: ``make e2e-kind``, also the last step of ``make test``): a kind cluster on the node image
   built here (tests/harness/kindnode.py; ``KIND_NODE_IMAGE`` picks another), fake NPUs advertised on its node,
   both images ``kind load``-ed, then install, serve, roll with a client looping, delete, and the cluster is
   deleted.
@@ -253,7 +253,7 @@ def test_delete_removes_every_pod_and_container(real_node: RealNodeCluster, serv
     wait_for(no_containers, 120, "containerd to drop the engine pods' containers", real_node)
 
 
-# ---- kind (make e2e-kind) --------------------------------------------------------------------------------------
+# ---- kind (make e2e-kind; make test runs it after the suite) ------------------------------------------------
 @pytest.fixture
 def kind_cluster() -> Iterator[KindCluster]:
     with cleanup_on_signals():

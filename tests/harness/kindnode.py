@@ -20,8 +20,9 @@ from the same recipe:
   kube-apiserver, kube-controller-manager, kube-scheduler, etcd, CoreDNS; kube-proxy with the iptables/nft
   binaries and their shared libraries staged from the node rootfs (as kind stages local-path-helper's); the
   project's static pause (tests/harness/containerd.py); with ``storage=True`` also kind's local-path
-  provisioner and its staged helper, with kind's default-storage manifest. They are named ``atom.local/kind/<name>:<version>``
-  and kubeadm is pointed at them with ``imageRepository`` and the etcd/dns image tags (:func:`cluster_config`).
+  provisioner and its staged helper, with kind's default-storage manifest. They are named
+  ``atom.local/kind/<name>:<version>`` and kubeadm is pointed at them with ``imageRepository`` and the etcd/dns
+  image tags (:func:`cluster_config`).
 * **CNI**: kindnetd's Go module cannot be fetched through the module proxy here (``go list -m
   sigs.k8s.io/kindnet``: "not available"), so clusters on this image use ``disableDefaultCNI`` and the image
   carries a bridge + host-local + portmap conflist over the whole pod subnet — correct for the single-node

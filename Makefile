@@ -17,8 +17,13 @@ demo: venv tools model ## the main job on the embedded default (see README)
 .PHONY: test
 test: prereqs venv venv-rngd tools device-plugin-stubs model judges ## install what the tests need (.venv, .venv-rngd, the pinned tools, Debian packages, the models, the judges), run the whole suite, then the kind e2e
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd/test_fake_runtime.py $(PYTEST_ARGS)
+	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd $(PYTEST_ARGS)
 	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
+
+.PHONY: test-rngd
+test-rngd: prereqs venv venv-rngd ## the rngd prefill graph compiled for real (cached under ~/.cache/atom/rngd-artifacts), its backend and PD rngd->cpu/atom
+	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd -m "rngd or not rngd" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/serving/test_pd_rngd.py -m rngd $(PYTEST_ARGS)
 
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine

@@ -16,7 +16,7 @@ from atom_engine.pd.worker import PrefillWorker
 
 from tests.rngd.conftest import rngd_settings
 
-pytestmark = pytest.mark.timeout(3600)  # a cold artifact cache compiles first (minutes on two shared cores)
+pytestmark = [pytest.mark.timeout(3600), pytest.mark.rngd]  # a cold artifact cache compiles first (minutes)
 PROMPTS = [list(range(30, 30 + 5)), list(range(100, 100 + 16)), list(range(7, 7 + 37))]  # < one, one, 3 chunks
 workers: dict[str, PrefillWorker] = {}
 

@@ -30,8 +30,12 @@ def compiled():  # noqa: ANN201 - (furiosa.torch.CompileModule, the exported pro
     with torch.no_grad():
         exported = torch.export.export(Step(), tuple(host_args()), strict=False)
     program = exported.module()
-    with ft.config.cache_context(None):
-        module = ft.CompileModule.from_exported(exported)
+    from atom_engine.backends.rngd import compile_uncached
+    from furiosa.torch.export.exported_program import preprocess_exported_program
+
+    pre, reconstructor = preprocess_exported_program(exported)  # CompileModule.from_exported, uncached
+    module = ft.CompileModule(ft.Runnable(compile_uncached(ft, pre)), ft.export.ExportedProgramWeight(pre),
+                              reconstructor)
     assert module.runnable._inner.expected_num_fusion == PES
     return module, program
 

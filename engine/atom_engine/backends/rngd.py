@@ -71,6 +71,17 @@ def pe_fusion(num_devices: int, rngd_pes: int | None) -> int:
     return pes
 
 
+def compile_uncached(ft: Any, exported: Any) -> Any:  # noqa: ANN401 - an ir.Runnable
+    """furiosa-torch's compiler with its own cache in a private directory removed afterwards: that cache keeps a
+    failed compile (under ~/.cache/furiosa/compiler by default) and replays the failure after the cause is fixed,
+    and ``cache_context(None)`` does not turn it off (furiosa-torch 2026.4.0 keeps the default root_dir). The
+    artifacts under compileCacheDir are the only cache."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="furiosa-compile-") as tmp, ft.config.cache_context(tmp):
+        return ft.compiler.compile(exported)
+
+
 class RngdBackend:
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int, chunk: int, num_devices: int = 1,
                  pes: int | None = None, load_from: Path | None = None, runtime: Any = None) -> None:  # noqa: ANN401
@@ -109,9 +120,7 @@ class RngdBackend:
         if load_from is not None:
             return ir.Runnable.deserialize((Path(load_from) / GRAPH_FILE).read_bytes())
         t0 = time.perf_counter()
-        # The compiler's own cache stays off: it keeps a failed compile and replays the failure.
-        with ft.config.cache_context(None):
-            inner = ft.compiler.compile(self.preprocessed)
+        inner = compile_uncached(ft, self.preprocessed)
         self.compile_seconds = time.perf_counter() - t0
         log.info("event=rngd_compiled graph=%s seconds=%.1f", PREFILL_GRAPH, self.compile_seconds)
         return inner

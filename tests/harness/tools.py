@@ -8,6 +8,7 @@ unchanged pin is reused as is (a warm ``make tools`` only checks that the files 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import shutil
@@ -110,14 +111,26 @@ def path(binary: str) -> Path:
 
 
 def build(ts: ToolSet, *, log=sys.stderr) -> None:
-    """Build every missing binary of ``ts`` in one ``go build`` (they share most packages)."""
+    """Build every missing binary of ``ts`` in one ``go build`` (they share most packages).
+
+    Checkouts on one machine share the cache, so a build holds the tool's lock: a second ``make tools`` waits and
+    then finds the binaries built, instead of sharing (and deleting) the first one's ``bin.partial``.
+    """
     out = ts.bin_dir()
+    if all((out / b).exists() for b in ts.packages):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _build_missing(ts, out, log)
+
+
+def _build_missing(ts: ToolSet, out: Path, log) -> None:
     missing = [b for b in ts.packages if not (out / b).exists()]
     if not missing:
         return
     if shutil.which("go") is None:
         raise RuntimeError("building the pinned tools needs Go (https://go.dev/dl); none is on PATH")
-    out.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / "bin.partial"
     tmp.mkdir(exist_ok=True)
     started = time.monotonic()

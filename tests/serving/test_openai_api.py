@@ -193,6 +193,18 @@ async def test_probes_and_vllm_metric_names(_standalone: str) -> None:
         assert re.search(rf'^{name}{{[^}}]*model_name="{MODEL}"', text, re.M), name
 
 
+async def test_cache_config_info_gives_routers_the_kv_capacity_in_16_token_blocks(_standalone: str) -> None:
+    """What the Gateway API Inference Extension's endpoint picker reads to size its prefix index (vLLM's labels)."""
+    async with aiohttp.ClientSession() as s, s.get(f"{_standalone}/metrics") as r:
+        text = await r.text()
+    info = re.search(r"^vllm:cache_config_info{(.*)} 1\.0$", text, re.M)
+    assert info, text
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', info.group(1)))
+    # kvBlocks=4 with the default maxSeqLen 512: 3 blocks (the scratch block excluded) of 512 tokens = 96 x 16
+    assert labels["block_size"] == "16" and labels["num_gpu_blocks"] == "96"
+    assert labels["enable_prefix_caching"] == "True"
+
+
 async def test_disconnect_cancels_the_request_and_frees_its_lane_and_block(_standalone: str) -> None:
     before = await wait_metrics(_standalone, idle, "an idle engine")
     stream = await client(_standalone).completions.create(model=MODEL, prompt=PROMPT, max_tokens=400,

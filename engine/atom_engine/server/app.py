@@ -36,9 +36,10 @@ class EngineServer:
         self.draining = False  # SIGTERM received: /ready answers 503 while requests are still served
         self.load_error: str | None = None
         self._load_task: asyncio.Task | None = None
-        from atom_engine.server.metrics import ServerMetrics
+        from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 
-        self.metrics = ServerMetrics(settings.model_name, self.stats)
+        cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
+        self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
 
     # -- the application --------------------------------------------------------------------------
     def app(self) -> web.Application:

@@ -3,6 +3,10 @@
 Gauges and counters are read from the engine at scrape time (one source of truth, no double counting); the
 latency histograms are observed per request by the server. Each server has its own registry, so several can
 live in one process (tests).
+
+``vllm:cache_config_info`` is vLLM's info gauge (value 1, the configuration in its labels); the Gateway API
+Inference Extension's endpoint picker reads ``block_size`` and ``num_gpu_blocks`` from it to size its prefix
+index per pod and to cut prompts into hash blocks.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 Stats = Callable[[], dict[str, float]]
+
+# The prefix granularity reported to routers, in tokens: vLLM's default block size. Our blocks hold a whole
+# sequence and the prefix cache reuses any common prefix length, so a router may hash prompts at any
+# granularity; reporting maxSeqLen would make every prompt shorter than one hash block, i.e. never matched.
+ROUTER_BLOCK_TOKENS = 16
 
 # name -> (kind, stats key, help)
 VLLM = {
@@ -72,10 +81,33 @@ class _StatsCollector:
             yield family
 
 
+class _CacheConfigCollector:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
+                                   labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), 1.0)
+        yield family
+
+
+def cache_config_labels(kv_blocks: int, max_seq_len: int, prefix_cache: bool) -> dict[str, str]:
+    """vLLM's cache_config_info labels for our KV: the token capacity (scratch block excluded) in router blocks."""
+    capacity_tokens = (kv_blocks - 1) * max_seq_len
+    return {
+        "block_size": str(ROUTER_BLOCK_TOKENS),
+        "num_gpu_blocks": str(capacity_tokens // ROUTER_BLOCK_TOKENS),
+        "enable_prefix_caching": str(prefix_cache),
+    }
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str, stats: Stats) -> None:
+    def __init__(self, model_name: str, stats: Stats, cache_config: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_StatsCollector(stats, model_name))
+        if cache_config is not None:
+            self.registry.register(_CacheConfigCollector(cache_config))
         self.model_name = model_name
         labels = ["model_name"]
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to the first token.", labels,

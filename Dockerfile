@@ -1,8 +1,8 @@
 # Two images from one file:
 #   docker build --target operator -t atom-operator:0.1.0 .   the operator (kopf), without torch
 #   docker build --target engine   -t atom-engine:0.1.0 .     the serving engine, torch on the CPU by default
-# `make docker-build` builds both (python -m tests.harness.docker build operator engine), also where nothing
-# can be pulled and the package index is not reachable from containers (see tests/harness/docker.py).
+# `make docker-build` builds both (python -m atom_localcluster.docker build operator engine), also where nothing
+# can be pulled and the package index is not reachable from containers (see localcluster/atom_localcluster/docker.py).
 #
 # Build arguments:
 #   BASE_IMAGE         any image with Python 3.11, `python3 -m venv` and `useradd` (a Debian/Ubuntu family image)

@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 PY_RNGD := .venv-rngd/bin/python
+# The pinned tools' builder needs only the standard library: it runs before any venv exists (make tools, CI).
+TOOLS := PYTHONPATH=localcluster python3 -m atom_localcluster.tools
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -47,7 +49,7 @@ judges: venv ## the outside judges' venv (lm-eval, guidellm; cached, keyed by re
 
 .PHONY: tools
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)
-	python3 -m tests.harness.tools build
+	$(TOOLS) build
 
 .PHONY: device-plugin-stubs
 device-plugin-stubs: venv ## generate the fake-device plugin's gRPC stubs from the pinned k8s.io/kubelet proto (cached by its hash)
@@ -60,11 +62,11 @@ crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from
 
 .PHONY: docker-build
 docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
-	$(PY) -m tests.harness.docker build operator engine $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
+	$(PY) -m atom_localcluster.docker build operator engine $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
 
 .PHONY: docker-lock
 docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock (after make lock)
-	$(PY) -m tests.harness.docker lock
+	$(PY) -m atom_localcluster.docker lock
 
 .PHONY: e2e-kind
 e2e-kind: prereqs venv tools ## kind e2e on the node image built here (cached by recipe); KIND_NODE_IMAGE=... picks another
@@ -72,7 +74,7 @@ e2e-kind: prereqs venv tools ## kind e2e on the node image built here (cached by
 
 .PHONY: kind-node-image
 kind-node-image: prereqs venv tools ## build (or reuse) the kind node image from the pinned parts; prints its tag
-	$(PY) -m tests.harness.kindnode build
+	$(PY) -m atom_localcluster.kindnode build
 
 .PHONY: bench-engine
 bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md
@@ -87,7 +89,7 @@ bench-operator: venv tools ## 500 AtomDeployments on the harness, at 10/s then a
 	$(PY) benchmarks/bench_operator.py --rate 10
 	$(PY) benchmarks/bench_operator.py --rate 0
 
-HELM = $(shell python3 -m tests.harness.tools path helm)
+HELM = $(shell $(TOOLS) path helm)
 
 .PHONY: helm-lint
 helm-lint: tools ## helm lint --strict the chart
@@ -117,8 +119,8 @@ lock-rngd: ## regenerate requirements/rngd.lock from requirements/rngd.in in a c
 
 .PHONY: cluster-up
 cluster-up: venv tools ## start the local control plane in the background (REAL_NODE=1 adds a real kubelet node)
-	$(PY) -m tests.harness up $(if $(REAL_NODE),--real-node)
+	$(PY) -m atom_localcluster up $(if $(REAL_NODE),--real-node)
 
 .PHONY: cluster-down
 cluster-down: venv ## stop it and remove its files
-	$(PY) -m tests.harness down
+	$(PY) -m atom_localcluster down

@@ -36,11 +36,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from atom_localcluster.cluster import Cluster, atom_node, rngd_node
+from atom_localcluster.operator import USER, OperatorProcess
 
-from tests.harness.cluster import Cluster, atom_node, rngd_node  # noqa: E402
-from tests.operator.process import USER, OperatorProcess  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NAMESPACE = "bench"
 

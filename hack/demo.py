@@ -25,12 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
+from atom_localcluster.__main__ import print_nodes
+from atom_localcluster.cluster import Cluster, free_port
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.harness.__main__ import print_nodes  # noqa: E402
-from tests.harness.cluster import Cluster, free_port  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "atomdeployment-smollm2.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create or update a venv for the tests: `bash hack/venv.sh` makes .venv (requirements/dev.lock, the engine and
-# the operator); `bash hack/venv.sh rngd` makes .venv-rngd (requirements/rngd.lock: FuriosaAI's furiosa-torch with
-# the torch it pins, and the engine alone), where the rngd backend's compiler runs.
+# Create or update a venv for the tests: `bash hack/venv.sh` makes .venv (requirements/dev.lock, the engine, the
+# operator, the device plugin and the local cluster); `bash hack/venv.sh rngd` makes .venv-rngd
+# (requirements/rngd.lock: FuriosaAI's furiosa-torch with the torch it pins, and the engine alone), where the rngd
+# backend's compiler runs.
 #
 # The locked third-party packages (torch alone is ~5 GB) live in a cached venv outside the repo, keyed by the lock
 # file and the Python version, and are installed once per machine. The checkout's venv itself is small: it chains
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 flavor=${1:-dev}
 case "$flavor" in
-  dev) venv=.venv; editable=(-e ./engine -e ./operator -e ./deviceplugin) ;;
+  dev) venv=.venv; editable=(-e ./engine -e ./operator -e ./deviceplugin -e ./localcluster) ;;
   rngd) venv=.venv-rngd; editable=(-e ./engine) ;;
   *) echo "venv: unknown flavor '$flavor' (dev or rngd)" >&2; exit 2 ;;
 esac
@@ -49,7 +50,7 @@ fi
 
 # This checkout's packages, editable; --no-deps because the lock already brought everything they need.
 # Editable installs follow code changes by themselves, so they are redone only when packaging changes.
-stamp=$(cat engine/pyproject.toml operator/pyproject.toml deviceplugin/pyproject.toml | sha256sum | cut -c1-16)
+stamp=$(cat engine/pyproject.toml operator/pyproject.toml deviceplugin/pyproject.toml localcluster/pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.atom-editable" 2>/dev/null)" != "$stamp" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
     "${editable[@]}"

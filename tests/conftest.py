@@ -8,9 +8,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
-from tests.harness.cluster import Cluster
-from tests.harness.existing import ExistingCluster, wanted
+from atom_localcluster.cluster import Cluster
+from atom_localcluster.existing import ExistingCluster, wanted
 
 # tests/rngd run in .venv-rngd (furiosa-torch pins torch 2.10): `make test` runs them there, in a second pytest.
 collect_ignore = [] if importlib.util.find_spec("furiosa") else ["rngd"]

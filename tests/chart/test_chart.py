@@ -23,13 +23,12 @@ import yaml
 from atom_engine.api import NpuProfile
 from atom_engine.api.crd import CHART_PATH, CRD_NAME, DEFAULT_PATH, render
 from atom_engine.api.npu import RESOURCE_PATTERNS
+from atom_localcluster import tools
 from atom_operator import kube, runtime, webhook
 from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
 from atom_operator.reconcile import Observed, reconcile
 from cryptography import x509
-
-from tests.harness import tools
 
 pytestmark = pytest.mark.cluster
 

@@ -8,10 +8,9 @@ import subprocess
 
 import pytest
 from atom_engine.api.npu import rngd_partitions_per_card
-
-from tests.harness import tools
-from tests.harness.cluster import Cluster, FakeNode, _alive
-from tests.harness.wait import wait_for
+from atom_localcluster import tools
+from atom_localcluster.cluster import Cluster, FakeNode, _alive
+from atom_localcluster.wait import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -173,7 +172,7 @@ def _zombie(pid: int) -> bool:
 
 def test_component_failure_names_the_component_and_its_log(tmp_path, monkeypatch) -> None:
     # An etcd that cannot start (its data dir is a file) must be reported with its own last log lines.
-    from tests.harness.cluster import HarnessError
+    from atom_localcluster.cluster import HarnessError
 
     (tmp_path / "etcd").write_text("not a directory")
     with pytest.raises(HarnessError) as err:

@@ -1,14 +1,13 @@
 """Session fixtures for tests that need Docker: a daemon that answers and the two images, built once per run.
 
 Other suites (real node, kind) can reuse them with ``from tests.images.conftest import engine_image`` or by
-calling :func:`tests.harness.docker.build` themselves.
+calling :func:`atom_localcluster.docker.build` themselves.
 """
 
 from __future__ import annotations
 
 import pytest
-
-from tests.harness import docker
+from atom_localcluster import docker
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,8 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.harness import docker
-from tests.harness.docker import BuildResult
+from atom_localcluster import docker
+from atom_localcluster.docker import BuildResult
 
 # Cold builds download ~3 GB of wheels and debootstrap a base image: longer than the suite's per-test limit.
 docker_test = [pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -131,7 +130,7 @@ def test_runs_as_non_root_with_its_cli(target: str, request: pytest.FixtureReque
 def test_lock_pins_are_the_dev_lock_pins(target: str) -> None:
     dev = docker.read_pins(docker.REQUIREMENTS / "dev.lock")
     pins = docker.read_pins(docker.lock_path(target))
-    assert {n: v for n, v in pins.items() if dev.get(n) != v} == {}, "run: python -m tests.harness.docker lock"
+    assert {n: v for n, v in pins.items() if dev.get(n) != v} == {}, "run: python -m atom_localcluster.docker lock"
 
 
 def test_only_the_engine_lock_carries_torch() -> None:

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from atom_localcluster import docker
 
-from tests.harness import docker
 from tests.images.test_images import OWN, docker_test, installed, run
 
 pytestmark = docker_test

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.harness import kindnode, tools
+from atom_localcluster import kindnode, tools
 
 
 def _kubeadm_images(tmp_path: Path) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.harness import runc_caps
+from atom_localcluster import runc_caps
 
 
 def _spec(tmp_path: Path, caps: list[str]) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from atom_localcluster.cluster import FakeNode, atom_node, rngd_node
 
-from tests.harness.cluster import FakeNode, atom_node, rngd_node
 from tests.operator.process import OperatorProcess
 
 # Spare capacity for this directory, so pods of namespaces still being torn down never starve a test.

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 
 import pytest
+from atom_localcluster.wait import wait_for
 from atom_operator.children.meta import DEPLOYMENT_LABEL
 
-from tests.harness.wait import wait_for
 from tests.operator.conftest import atomdeployment
 from tests.operator.process import OperatorProcess
 from tests.operator.test_reconciler import PD, children, condition, create, get, ready

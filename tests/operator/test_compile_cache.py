@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 from atom_engine.api.spec import COMPILE_CACHE_PATH
+from atom_localcluster.cluster import free_port
+from atom_localcluster.wait import wait_for
 
-from tests.harness.cluster import free_port
-from tests.harness.wait import wait_for
 from tests.operator.test_reconciler import condition, create, get, pods, ready
 
 pytestmark = pytest.mark.cluster

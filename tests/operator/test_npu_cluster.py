@@ -1,13 +1,13 @@
 """The cluster NPU profile on the harness: kwok nodes labelled and advertising NPUs exactly as the vendors' feature
-discovery and device plugins do, under both ATOM naming schemes (see tests/harness/cluster.py)."""
+discovery and device plugins do, under both ATOM naming schemes (see atom_localcluster/cluster.py)."""
 
 from __future__ import annotations
 
 import pytest
 from atom_engine.api import NpuProfile
+from atom_localcluster.wait import wait_for
 from atom_operator.children import Defaults
 
-from tests.harness.wait import wait_for
 from tests.operator.conftest import PARTITIONED
 from tests.operator.process import OperatorProcess
 from tests.operator.test_reconciler import create, pods, ready

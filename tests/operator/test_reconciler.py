@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 from atom_engine.api import AtomDeploymentSpec
+from atom_localcluster.wait import wait_for
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import CONFIG_HASH
 
-from tests.harness.wait import wait_for
 from tests.operator.conftest import SMALL_POOL, atomdeployment
 from tests.operator.process import OperatorProcess
 

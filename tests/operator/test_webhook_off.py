@@ -10,8 +10,7 @@ import time
 import urllib.request
 
 import pytest
-
-from tests.harness.cluster import free_port
+from atom_localcluster.cluster import free_port
 
 pytestmark = pytest.mark.cluster
 

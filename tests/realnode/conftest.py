@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from tests.harness import docker
-from tests.harness.realnode import RealNodeCluster
+from atom_localcluster import docker
+from atom_localcluster.realnode import RealNodeCluster
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from tests.harness.cluster import Cluster
-from tests.harness.containerd import ContainerdError
+from atom_localcluster.cluster import Cluster
+from atom_localcluster.containerd import ContainerdError
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The serving scenario, step by step, for any cluster where pods really run (the real node here, kind elsewhere).
 
-A step takes a :class:`~tests.harness.cluster.Cluster`-like object (``kubectl``, ``apply``, ``get``,
+A step takes a :class:`~atom_localcluster.cluster.Cluster`-like object (``kubectl``, ``apply``, ``get``,
 ``kubectl_path``, ``kubeconfig``) and the namespace; nothing here knows how the cluster or its images came to be,
 so the kind path calls the same steps after ``kind load`` instead of the containerd import.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import openai
 import yaml
+from atom_localcluster import tools
+from atom_localcluster.cluster import Cluster
+from atom_localcluster.realnode import NPU_LABELS, NPU_RESOURCE
 
-from tests.harness import tools
-from tests.harness.cluster import Cluster
-from tests.harness.realnode import NPU_LABELS, NPU_RESOURCE
 from tests.realnode.kube import port_forward, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import os
 import signal
 
 import pytest
+from atom_localcluster.containerd import pause_tag
+from atom_localcluster.realnode import NODE_NAME, RealNodeCluster, leftovers
 
-from tests.harness.containerd import pause_tag
-from tests.harness.realnode import NODE_NAME, RealNodeCluster, leftovers
 from tests.realnode.kube import wait_for
 
 pytestmark = pytest.mark.realnode

@@ -10,8 +10,8 @@ import json
 import re
 
 import pytest
+from atom_localcluster.realnode import DEVICE_PLUGIN_DIR, KUBELET_CHECKPOINT, NODE_NAME, NPU_RESOURCE, RealNodeCluster
 
-from tests.harness.realnode import DEVICE_PLUGIN_DIR, KUBELET_CHECKPOINT, NODE_NAME, NPU_RESOURCE, RealNodeCluster
 from tests.realnode.kube import wait_for
 
 pytestmark = pytest.mark.realnode

@@ -2,11 +2,11 @@
 
 Two ways to get a cluster whose pods really run, then the same steps (tests/realnode/scenario.py) on it:
 
-- the real node (marker ``realnode``, part of ``make test``): both images are built (tests/harness/docker.py) and
+- the real node (marker ``realnode``, part of ``make test``): both images are built (atom_localcluster/docker.py) and
   imported into the node's containerd; the tests below run in file order against one deployment and end by
   deleting it;
 - kind (marker ``kind``: ``make e2e-kind``, also the last step of ``make test``): a kind cluster on the node image
-  built here (tests/harness/kindnode.py; ``KIND_NODE_IMAGE`` picks another), fake NPUs advertised on its node,
+  built here (atom_localcluster/kindnode.py; ``KIND_NODE_IMAGE`` picks another), fake NPUs advertised on its node,
   both images ``kind load``-ed, then install, serve, roll with a client looping, delete, and the cluster is
   deleted.
 """
@@ -21,11 +21,11 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from atom_localcluster import docker
+from atom_localcluster.docker import BuildResult
+from atom_localcluster.kind import KindCluster, cleanup_on_signals
+from atom_localcluster.realnode import NODE_NAME, RealNodeCluster
 
-from tests.harness import docker
-from tests.harness.docker import BuildResult
-from tests.harness.kind import KindCluster, cleanup_on_signals
-from tests.harness.realnode import NODE_NAME, RealNodeCluster
 from tests.images.conftest import docker_daemon, engine_image, operator_image  # noqa: F401 - session fixtures
 from tests.realnode import scenario
 from tests.realnode.kube import port_forward, wait_for

@@ -8,8 +8,8 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from atom_localcluster.realnode import NODE_NAME, NPU_LABELS, NPU_RESOURCE, RealNodeCluster
 
-from tests.harness.realnode import NODE_NAME, NPU_LABELS, NPU_RESOURCE, RealNodeCluster
 from tests.realnode.kube import port_forward, wait_for
 
 pytestmark = pytest.mark.realnode

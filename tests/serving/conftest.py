@@ -26,8 +26,7 @@ from atom_engine.engine import LLMEngine
 from atom_engine.sequence import SamplingParams
 from atom_engine.server.app import EngineServer, start_server
 from atom_engine.settings import EngineSettings
-
-from tests.harness.cluster import free_port
+from atom_localcluster.cluster import free_port
 
 torch.set_num_threads(1)  # two shared cores: no spin-waiting torch pools
 

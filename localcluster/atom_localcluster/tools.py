@@ -82,7 +82,7 @@ TOOLSETS = (
     ToolSet("kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     ToolSet("helm", "helm.sh/helm/v4", {"helm": "helm.sh/helm/v4/cmd/helm"}),
     ToolSet("kind", "sigs.k8s.io/kind", {"kind": "sigs.k8s.io/kind"}),
-    # The kind node image's DNS (tests/harness/kindnode.py): CoreDNS with the plugins kubeadm's Corefile uses.
+    # The kind node image's DNS (atom_localcluster/kindnode.py): CoreDNS with the plugins kubeadm's Corefile uses.
     ToolSet("coredns", "github.com/coredns/coredns", {"coredns": "atom.dev/hack/tools/coredns"}),
     # ... and its default storage (kind installs a local-path provisioner).
     ToolSet("local-path-provisioner", "github.com/rancher/local-path-provisioner",
@@ -170,7 +170,7 @@ def kubectl() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.harness.tools", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m atom_localcluster.tools", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build every pinned tool that is not cached yet (except on-demand ones)")
     sub.add_parser("list", help="print each tool's cached path")

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from atom_engine.api import npu
 
-from tests.harness import pki, tools
+from atom_localcluster import pki, tools
 
 HERE = Path(__file__).resolve().parent
 SERVICE_CIDR = "10.96.0.0/16"
@@ -178,7 +178,7 @@ class Cluster:
     nodes: Sequence[FakeNode] = DEFAULT_NODES
     detached: bool = False  # components outlive this process (make cluster-up)
     # Where the ``kubernetes`` Service points. Loopback suits processes on this host; a real node's pods need an
-    # address they can route to (tests/harness/realnode.py relays it to the loopback listener).
+    # address they can route to (atom_localcluster/realnode.py relays it to the loopback listener).
     advertise_address: str = "127.0.0.1"
     components: list[Component] = field(default_factory=list)
     _own_workdir: bool = False

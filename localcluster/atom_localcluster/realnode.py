@@ -1,6 +1,6 @@
 """A control plane plus one real node on this machine: containerd, kubelet and kube-proxy, all private.
 
-``RealNodeCluster`` is a :class:`~tests.harness.cluster.Cluster` whose pods really run. The node is named
+``RealNodeCluster`` is a :class:`~atom_localcluster.cluster.Cluster` whose pods really run. The node is named
 ``localhost``: the API server reaches its kubelet on 127.0.0.1 (``--kubelet-preferred-address-types`` puts
 Hostname first), with a client certificate the kubelet checks against the cluster CA (anonymous access off).
 
@@ -44,9 +44,9 @@ from pathlib import Path
 import yaml
 from atom_device_plugin import stubs
 
-from tests.harness import tools
-from tests.harness.cluster import POD_CIDR, Cluster, HarnessError, _terminate, free_port, write_kubeconfig
-from tests.harness.containerd import Containerd, ContainerdError, build_pause_image, cni_conflist
+from atom_localcluster import tools
+from atom_localcluster.cluster import POD_CIDR, Cluster, HarnessError, _terminate, free_port, write_kubeconfig
+from atom_localcluster.containerd import Containerd, ContainerdError, build_pause_image, cni_conflist
 
 NODE_NAME = "localhost"
 NPU_LABELS = {

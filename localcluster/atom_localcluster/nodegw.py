@@ -8,7 +8,7 @@
   its ready endpoints (EndpointSlices); any other name is NXDOMAIN. CoreDNS would need an image we cannot pull.
   The kubelet's ``clusterDNS`` points pods here.
 
-Run as ``python -m tests.harness.nodegw --listen <gateway> --api-port <port> --kubeconfig <admin kubeconfig>``.
+Run as ``python -m atom_localcluster.nodegw --listen <gateway> --api-port <port> --kubeconfig <admin kubeconfig>``.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ async def serve(listen: str, api_port: int, dns_port: int, kubeconfig: Path) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.harness.nodegw", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m atom_localcluster.nodegw", description=__doc__.split("\n")[0])
     p.add_argument("--listen", required=True, help="the node bridge's gateway address")
     p.add_argument("--api-port", type=int, required=True)
     p.add_argument("--dns-port", type=int, default=53)

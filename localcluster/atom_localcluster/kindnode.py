@@ -1,4 +1,4 @@
-"""kind's node image, made here from the pinned parts: ``python -m tests.harness.kindnode`` (``make kind-node-image``).
+"""kind's node image, made here from the pinned parts: ``python -m atom_localcluster.kindnode`` (make kind-node-image).
 
 Why assembled directly and not with ``kind build node-image --type file <release tarball>``: that command
 imports only kube-apiserver, kube-controller-manager, kube-scheduler and kube-proxy from the tarball and
@@ -19,7 +19,7 @@ from the same recipe:
 * **Images**, each a static Go binary built from its pinned module (hack/tools) in a minimal image:
   kube-apiserver, kube-controller-manager, kube-scheduler, etcd, CoreDNS; kube-proxy with the iptables/nft
   binaries and their shared libraries staged from the node rootfs (as kind stages local-path-helper's); the
-  project's static pause (tests/harness/containerd.py); with ``storage=True`` also kind's local-path
+  project's static pause (atom_localcluster/containerd.py); with ``storage=True`` also kind's local-path
   provisioner and its staged helper, with kind's default-storage manifest. They are named
   ``atom.local/kind/<name>:<version>`` and kubeadm is pointed at them with ``imageRepository`` and the etcd/dns
   image tags (:func:`cluster_config`).
@@ -50,8 +50,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tests.harness import containerd, tools
-from tests.harness.docker import DockerError, _apt_install, _tail, cache_dir, docker, ensure_daemon, image_exists
+from atom_localcluster import containerd, tools
+from atom_localcluster.docker import DockerError, _apt_install, _tail, cache_dir, docker, ensure_daemon, image_exists
 
 REPOSITORY = "atom.local/kind"  # kubeadm's imageRepository on this image: <REPOSITORY>/<component>:<tag>
 NODE_REPOSITORY = "atom.local/kind-node"
@@ -223,7 +223,7 @@ def _install_kind_files(rootfs: Path, files: Path, pause: str) -> None:
         if key == "sandbox_image":  # kind names the upstream pause image; the sandbox here is the project's own
             lines[i] = f'  sandbox_image = "{pause}"\n'
         elif key == "restrict_oom_score_adj":
-            # Root here lacks CAP_SYS_RESOURCE (see tests/harness/runc_caps.py), so runc cannot lower a container's
+            # Root here lacks CAP_SYS_RESOURCE (see atom_localcluster/runc_caps.py), so runc cannot lower a container's
             # OOM score below its parent's: kind's entrypoint sets this for rootless nodes, the same limit.
             lines[i] = "  restrict_oom_score_adj = true\n"
     config.write_text("".join(lines))
@@ -472,7 +472,7 @@ def build(recipe: NodeRecipe = NodeRecipe()) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.harness.kindnode", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m atom_localcluster.kindnode", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build or reuse the node image; print its tag")
     sub.add_parser("tag", help="print the tag the current recipe builds (nothing is built)")

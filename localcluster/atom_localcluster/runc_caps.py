@@ -6,7 +6,7 @@ root's bounding set lacks one — on this machine CAP_SYS_RESOURCE, dropped by t
 with "unable to apply caps: operation not permitted" and no privileged container starts. This wrapper removes
 exactly the capabilities nobody here can hold from the OCI spec (``create``/``run``: the bundle's config.json;
 ``exec``: the --process file) and then execs the real runc with the same arguments; a container that asks for
-none of them is passed through unchanged. Registered by :func:`tests.harness.kind.ensure_privileged_runtime`.
+none of them is passed through unchanged. Registered by :func:`atom_localcluster.kind.ensure_privileged_runtime`.
 
 Standard library only, no project imports: dockerd runs it directly.
 """

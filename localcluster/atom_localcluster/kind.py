@@ -1,6 +1,6 @@
-"""A kind cluster (``make e2e-kind``) with the :class:`~tests.harness.cluster.Cluster` interface the e2e steps use.
+"""A kind cluster (``make e2e-kind``) with the :class:`~atom_localcluster.cluster.Cluster` interface the e2e steps use.
 
-By default the node image is the one built here from the pinned parts (tests/harness/kindnode.py, cached by its
+By default the node image is the one built here from the pinned parts (atom_localcluster/kindnode.py, cached by its
 recipe's hash) with its cluster config (one node, the pre-loaded control-plane images, the bridge CNI).
 ``KIND_NODE_IMAGE`` picks another image, e.g. a kindest/node release where a registry serves it; kind's own
 defaults (kindnetd, ...) apply then.
@@ -24,16 +24,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness import kindnode, runc_caps, tools
-from tests.harness.cluster import Cluster, HarnessError
-from tests.harness.docker import cache_dir, docker, ensure_daemon
+from atom_localcluster import kindnode, runc_caps, tools
+from atom_localcluster.cluster import Cluster, HarnessError
+from atom_localcluster.docker import cache_dir, docker, ensure_daemon
 
 DAEMON_JSON = Path("/etc/docker/daemon.json")
 RUNTIME = "atom-runc"
 
 
 def ensure_privileged_runtime(timeout: float = 30.0) -> None:
-    """Where root's capability bounding set lacks some capability, make tests/harness/runc_caps.py Docker's
+    """Where root's capability bounding set lacks some capability, make atom_localcluster/runc_caps.py Docker's
     default runtime (kind gives no way to pick a runtime per node), so ``docker run --privileged`` starts.
 
     The wrapper is copied out of the checkout (the daemon outlives it), registered in /etc/docker/daemon.json

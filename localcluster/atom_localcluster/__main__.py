@@ -1,7 +1,7 @@
 """make cluster-up / cluster-down / demo: the harness for humans.
 
 ``up`` starts a cluster whose components outlive this command and records them in a state file (``--real-node``
-adds the real node ``localhost``, see tests/harness/realnode.py, beside kwok's fake nodes);
+adds the real node ``localhost``, see atom_localcluster/realnode.py, beside kwok's fake nodes);
 ``down`` stops them and removes the work directory; ``nodes`` prints the nodes with their NPU capacity.
 """
 
@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.harness.cluster import Cluster, HarnessError, kill_pids
+from atom_localcluster.cluster import Cluster, HarnessError, kill_pids
 
 STATE_DIR = Path(os.environ.get("ATOM_CLUSTER_DIR") or Path.home() / ".cache" / "atom" / "cluster")
 # The NPU resources under both ATOM naming schemes and RNGD's, and the labels the vendors' feature discovery writes.
@@ -52,7 +52,7 @@ def up(real_node: bool = False) -> int:
         print(f"a cluster is already up (state in {state_file}); run 'make cluster-down' first", file=sys.stderr)
         return 1
     if real_node:
-        from tests.harness.realnode import RealNodeCluster
+        from atom_localcluster.realnode import RealNodeCluster
 
         cluster: Cluster = RealNodeCluster(workdir=STATE_DIR / "run", detached=True)
     else:
@@ -76,7 +76,7 @@ def down() -> int:
     state = json.loads(state_file.read_text())
     kill_pids(state["pids"])
     if state.get("realnode"):
-        from tests.harness.realnode import NodeResources, teardown
+        from atom_localcluster.realnode import NodeResources, teardown
 
         teardown(NodeResources(**state["realnode"]))
     shutil.rmtree(STATE_DIR, ignore_errors=True)
@@ -85,7 +85,7 @@ def down() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.harness", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m atom_localcluster", description=__doc__)
     p.add_argument("command", choices=["up", "down"])
     p.add_argument("--real-node", action="store_true", help="up: add the real node (containerd, kubelet, kube-proxy)")
     args = p.parse_args(argv)

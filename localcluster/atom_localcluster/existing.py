@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness import tools
-from tests.harness.cluster import Cluster
+from atom_localcluster import tools
+from atom_localcluster.cluster import Cluster
 
 
 @dataclass

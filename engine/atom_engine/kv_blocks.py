@@ -2,8 +2,8 @@
 
 Every block is in exactly one place: the scratch block (pads empty lanes of the static decode batch), the free
 deque, a lane (its owner holds exactly one block), or the prefix cache (an LRU map from the tokens whose KV the
-block holds to the block id). A cache entry that a lane is copying from is *pinned*: allocating a block never
-evicts it. See DESIGN.md, "Engine semantics".
+block holds to the block id, indexed by :class:`PrefixIndex`). A cache entry that a lane is copying from is
+*pinned*: allocating a block never evicts it. See DESIGN.md, "Engine semantics".
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+from atom_engine.prefix_index import PrefixIndex
 
 SCRATCH_BLOCK = 0
 
@@ -31,14 +33,6 @@ class Allocation:
     cached_len: int = 0
 
 
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class KVBlocks:
     """The block table of one engine: ``kv_blocks`` blocks, one scratch, lanes, free and cached blocks."""
 
@@ -51,6 +45,7 @@ class KVBlocks:
         self.free: deque[int] = deque(b for b in range(kv_blocks) if b != SCRATCH_BLOCK)
         self.lanes: dict[Hashable, int] = {}  # owner (a request id) -> its block
         self.cache: OrderedDict[tuple[int, ...], int] = OrderedDict()  # least recently used first
+        self.index = PrefixIndex()  # the cache's keys, for lookup; same keys, same recency order
         self.pins: dict[int, int] = {}  # cached block -> number of copies in flight from it
         self.queries = 0
         self.hits = 0
@@ -62,13 +57,7 @@ class KVBlocks:
 
         At most ``len(tokens) - 1`` tokens are reused: the last prompt token must be computed to get logits.
         """
-        best: tuple[tuple[int, ...], int] | None = None
-        limit = len(tokens) - 1
-        for key in reversed(self.cache):  # most recent first, so ties keep the most recent entry
-            n = min(common_prefix_len(key, tokens), limit)
-            if n > 0 and (best is None or n > best[1]):
-                best = (key, n)
-        return best
+        return self.index.longest(tokens, len(tokens) - 1)
 
     def block_of(self, owner: Hashable) -> int:
         return self.lanes[owner]
@@ -100,7 +89,7 @@ class KVBlocks:
         except NoKVBlockAvailable:
             self.unpin(source)
             raise
-        self.cache.move_to_end(key)  # a hit is a use
+        self._touch(key)  # a hit is a use
         self.lanes[owner] = block
         self.hits += 1
         self.hit_tokens += n
@@ -122,7 +111,7 @@ class KVBlocks:
         key, n = hit
         source = self.cache[key]
         self.pins[source] = self.pins.get(source, 0) + 1
-        self.cache.move_to_end(key)
+        self._touch(key)
         self.hits += 1
         self.hit_tokens += n
         return source, n
@@ -155,10 +144,15 @@ class KVBlocks:
             self.free.append(block)
             return
         if key in self.cache:  # same tokens already cached: keep one copy, refresh its recency
-            self.cache.move_to_end(key)
+            self._touch(key)
             self.free.append(block)
             return
         self.cache[key] = block
+        self.index.add(key)
+
+    def _touch(self, key: tuple[int, ...]) -> None:
+        self.cache.move_to_end(key)
+        self.index.touch(key)
 
     def _take(self) -> int:
         if self.free:
@@ -166,6 +160,7 @@ class KVBlocks:
         for key, block in self.cache.items():  # least recently used first
             if block not in self.pins:
                 del self.cache[key]
+                self.index.remove(key)
                 return block
         raise NoKVBlockAvailable(
             f"no KV block available: {len(self.lanes)} held by lanes, {len(self.cache)} cached and pinned,"
@@ -184,6 +179,8 @@ class KVBlocks:
         cached = set(self.cache.values())
         if any(b not in cached or n <= 0 for b, n in self.pins.items()):
             raise AssertionError(f"a pinned block is not a cache entry: pins={self.pins}")
+        if len(self.index) != len(self.cache) or set(self.index.root.keys) != set(self.cache):
+            raise AssertionError("the prefix index and the cache hold different keys")
 
 
 class SourceSlots:

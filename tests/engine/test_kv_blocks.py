@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from atom_engine import limits
 from atom_engine.kv_blocks import SCRATCH_BLOCK, KVBlocks, NoKVBlockAvailable, SourceSlots
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -229,3 +229,30 @@ TestKVBlocksMachine = KVBlocksMachine.TestCase
 TestKVBlocksMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def scan(cache: list[tuple[int, ...]], tokens: list[int]) -> tuple[tuple[int, ...], int] | None:
+    """The lookup as a scan of every entry, most recent first (what the index replaces)."""
+    best = None
+    for key in reversed(cache):
+        n = 0
+        while n < min(len(key), len(tokens) - 1) and key[n] == tokens[n]:
+            n += 1
+        if n > 0 and (best is None or n > best[1]):
+            best = (key, n)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=150), st.booleans()), max_size=60))
+def test_prefix_index_finds_what_a_scan_of_every_entry_finds(ops: list[tuple[list[int], bool]]) -> None:
+    """Long prompts sharing long prefixes, entries evicted and cached again: the same entry and length as a scan
+    (the most recent on a tie), and the index keeps exactly the cache's keys."""
+    kv = KVBlocks(12, prefix_cache=True)
+    for i, (prompt, finish_longer) in enumerate(ops):
+        assert kv.lookup(prompt) == scan(list(kv.cache), prompt)
+        alloc = kv.allocate(f"r{i}", prompt)
+        if alloc.source is not None:
+            kv.unpin(alloc.source)
+        kv.release(f"r{i}", prompt + [1, 2] if finish_longer else prompt)
+        kv.check_invariant()

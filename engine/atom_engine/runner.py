@@ -65,7 +65,7 @@ class ModelRunner:
         if len(batch) != self.lanes:
             raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)}")
         # Built from lists: one tensor each, not one small tensor write per lane.
-        ids = torch.tensor([[0 if s is None else s.tokens[-1]] for s in batch], dtype=torch.long)
+        ids = torch.tensor([[0 if s is None else s.last_token] for s in batch], dtype=torch.long)
         positions = torch.tensor([[0 if s is None else s.computed] for s in batch], dtype=torch.long)
         blocks = torch.tensor([SCRATCH_BLOCK if s is None else s.block for s in batch], dtype=torch.long)
         t0 = time.perf_counter()

@@ -124,7 +124,13 @@ class Sequence:
 
     @property
     def tokens(self) -> list[int]:
+        """Prompt and output as one new list (a copy: for a request's end, never per step)."""
         return self.prompt + self.output
+
+    @property
+    def last_token(self) -> int:
+        """The token a decode step feeds (no copy of the sequence)."""
+        return self.output[-1] if self.output else self.prompt[-1]
 
     @property
     def finished(self) -> bool:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from atom_engine import limits
+from atom_engine.dtypes import DTypeName
 
 Role = Literal["standalone", "decode", "prefill"]
 
@@ -37,7 +38,7 @@ class EngineSettings(BaseModel):
     )
     prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    dtype: DTypeName = "float32"
     num_devices: int = Field(1, ge=1, le=limits.NPUS_PER_REPLICA_MAX, description="NPUs this engine drives"
                              " (the AtomDeployment's npusPerReplica); ignored by the cpu backend.")
     rngd_pes: Literal[1, 2, 4, 8, 16, 32] | None = Field(

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from atom_engine.api import AtomDeploymentSpec, engine_settings
+from atom_engine.dtypes import DTYPE_BYTES
 from atom_engine.model.config import ModelConfig
 
 from atom_operator.children.meta import Role
@@ -36,7 +37,6 @@ GiB = 1024**3
 RUNTIME_BYTES = 1 * GiB
 UNKNOWN_MODEL_MEMORY = 16 * GiB
 CPU_REQUEST = {"cpu": "2", "atom": "1", "rngd": "1"}
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 # The shapes of the builtin models (torch-free here: the operator image has no torch). tests/operator/test_sizing
 # checks each against the engine's own definition, so they cannot drift apart.

@@ -24,11 +24,11 @@ import torch
 from atom_engine import limits
 from atom_engine.backends.devices import check_fits, visible_devices
 from atom_engine.backends.graphs import CopyBlockGraph, ExportKVGraph, ForwardGraph, ImportKVGraph
+from atom_engine.dtypes import dtype_name
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
 
 INDEX_DTYPE = "int64"
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
 KV_NAMES = ("past_key_values_k", "past_key_values_v")  # optimum names its static KV inputs past_key_values_*
 GRAPH_SUFFIX = ".rbln"
 
@@ -91,7 +91,7 @@ class AtomBackend:
     def _graph_specs(self, model: LlamaForCausalLM, lanes: int, chunk: int
                      ) -> dict[str, tuple[torch.nn.Module, InputInfo]]:
         layers, _, kv_heads, _, head_dim = self.kv_shape
-        dt = DTYPE_NAMES[self.dtype]
+        dt = dtype_name(self.dtype)
         kv: InputInfo = [(name, list(self.kv_shape), dt) for name in KV_NAMES]
 
         def forward_inputs(b: int, t: int, logits: list[int] | None = None) -> InputInfo:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from atom_engine.dtypes import torch_dtype
 from atom_engine.model import builtin
 from atom_engine.model.config import ModelConfig
 from atom_engine.model.llama import LlamaForCausalLM
@@ -19,7 +20,6 @@ TINY_CONFIG = ModelConfig(
     eos_token_id=ByteTokenizer.EOS, tie_word_embeddings=True,
 )
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(
@@ -33,7 +33,7 @@ def load_model(
             for p in model.parameters():
                 if p.dim() > 1:
                     p.normal_(0.0, 0.5)  # broad logits: random tokens, few near-ties
-        return model.to(DTYPES[dtype]).eval(), ByteTokenizer(TINY_CONFIG.vocab_size)
+        return model.to(torch_dtype(dtype)).eval(), ByteTokenizer(TINY_CONFIG.vocab_size)
     path = builtin.checkpoint_path(source)
     assert path is not None, f"{source} is made in process but has no branch here"
     if not (path / "config.json").is_file():
@@ -58,7 +58,7 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     tok_file = path / "tokenizer.json"
     tokenizer = HFTokenizer(tok_file, eos) if tok_file.is_file() else None
-    model = model.to(DTYPES[dtype]).eval()
+    model = model.to(torch_dtype(dtype)).eval()
     model.cfg = _with_eos(cfg, eos)
     return model, tokenizer
 

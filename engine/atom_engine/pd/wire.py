@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_engine.dtypes import dtype_name
 from atom_engine.sequence import TokenLogprob
 
 MAGIC = b"ATKV"
@@ -40,8 +41,6 @@ HEADER_MAX = 4 << 20  # token ids of a 32k prompt as JSON fit easily
 READ_PIECE = 1 << 20
 
 KV_LAYOUT = "layers,kv_heads,tokens,head_dim"  # the axis order of K and V in the payload
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class CorruptTransfer(ValueError):
@@ -94,7 +93,7 @@ def encode(ship: Shipment) -> tuple[bytes, list[memoryview]]:
         crc = zlib.crc32(p, crc)
     header = json.dumps({
         "request_id": ship.request_id, "start": ship.start, "token_ids": ship.token_ids,
-        "dtype": DTYPE_NAMES[ship.k.dtype], "kv_layout": KV_LAYOUT, "k_shape": list(ship.k.shape),
+        "dtype": dtype_name(ship.k.dtype), "kv_layout": KV_LAYOUT, "k_shape": list(ship.k.shape),
         "v_shape": list(ship.v.shape),
         "logits_dtype": "float32", "logits_shape": list(ship.logits.shape),
         "payload_bytes": sum(p.nbytes for p in parts), "payload_crc32": crc,
@@ -128,7 +127,7 @@ async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Ex
     except ValueError as exc:
         raise CorruptTransfer(f"KV frame header is not JSON: {exc}") from exc
     n = len(expect.token_ids)
-    dtype = DTYPE_NAMES[expect.dtype]
+    dtype = dtype_name(expect.dtype)
     if h.get("dtype") != dtype:
         raise CorruptTransfer(f"KV frame dtype is {h.get('dtype')!r} but this decode engine runs {dtype!r}: prefill"
                               " and decode must run the same model dtype (spec.model.dtype)")

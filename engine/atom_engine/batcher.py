@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from atom_engine.detokenizer import IncrementalDetokenizer
 from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, Status, StepOutput
 
@@ -81,6 +82,10 @@ class Batcher:
             )
         seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params,
                        eos_token_id=self.eos_token_id)
+        if self.detokenize is not None:
+            # A stream never sends the last characters a stop string may still cut.
+            hold = max((len(s) for s in params.stop), default=1) - 1
+            seq.detokenizer = IncrementalDetokenizer(self.detokenize, seq.output, hold=hold)
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
@@ -211,10 +216,13 @@ class Batcher:
         if token is None:
             raise RuntimeError("the runner returned no token")
         seq.output.append(token)
+        if seq.detokenizer is not None:
+            seq.detokenizer.update()
         self.counters["generation_tokens"] += 1
         reason = self._stop_reason(seq, token)
         if reason is None:
-            out.append(StepOutput(seq.id, (token,), False))
+            text = seq.detokenizer.stream_delta() if seq.detokenizer is not None else ""
+            out.append(StepOutput(seq.id, (token,), False, text=text))
         else:
             self._finish(seq, reason, out, new=(token,))
 
@@ -225,15 +233,15 @@ class Batcher:
         if n >= p.min_tokens and (eos or token in p.stop_token_ids):  # vLLM: no stop before min_tokens
             # vLLM's rule: the stop token stays in token_ids but its text is not in the output.
             seq.stop_reason = None if eos else token
-            if self.detokenize is not None:
-                seq.stop_text = self.detokenize(seq.output if p.include_stop_str_in_output else seq.output[:-1])
+            if (det := seq.detokenizer) is not None:
+                seq.stop_text = det.text if p.include_stop_str_in_output else det.text_before_last
             return "stop"
-        if n > p.min_tokens and p.stop and self.detokenize is not None:  # vLLM: stop strings past min_tokens
-            text = self.detokenize(seq.output)
-            hits = [(i, s) for s in p.stop if (i := text.find(s)) >= 0]
-            if hits:
-                at, stop = min(hits)
+        if n > p.min_tokens and p.stop and seq.detokenizer is not None:  # vLLM: stop strings past min_tokens
+            hit = seq.detokenizer.find(p.stop)
+            if hit is not None:
+                at, stop = hit
                 seq.stop_reason = stop
+                text = seq.detokenizer.text
                 seq.stop_text = text[: at + len(stop)] if p.include_stop_str_in_output else text[:at]
                 return "stop"
         if len(seq.output) >= p.max_tokens:
@@ -257,4 +265,7 @@ class Batcher:
         seq.finish_reason = reason
         key = {"error": "requests_failed", "cancelled": "requests_cancelled"}.get(reason, "requests_finished")
         self.counters[key] += 1
-        out.append(StepOutput(seq.id, new, True, reason, seq.error))
+        text = ""
+        if seq.detokenizer is not None:
+            text = seq.detokenizer.stream_delta(seq.stop_text if seq.stop_text is not None else seq.detokenizer.text)
+        out.append(StepOutput(seq.id, new, True, reason, seq.error, text))

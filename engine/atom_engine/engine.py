@@ -104,8 +104,8 @@ class LLMEngine:
 
     def output(self, seq: Sequence) -> RequestOutput:
         text = None
-        if self.tokenizer is not None:
-            text = seq.stop_text if seq.stop_text is not None else self.tokenizer.decode(seq.output)
+        if seq.detokenizer is not None:
+            text = seq.stop_text if seq.stop_text is not None else seq.detokenizer.text
         return RequestOutput(seq.id, seq.prompt, list(seq.output), text, seq.finish_reason, seq.error,
                              seq.cached_tokens)
 

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from atom_engine.detokenizer import IncrementalDetokenizer
+
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (and OpenAI's bound on top_logprobs)
 
 
@@ -121,6 +123,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked
     cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
+    detokenizer: IncrementalDetokenizer | None = None  # the output's text, kept by the batcher (with a tokenizer)
 
     @property
     def tokens(self) -> list[int]:
@@ -146,3 +149,4 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None
     error: str | None = None
+    text: str = ""  # the output text this step adds to a stream (see atom_engine.detokenizer)

@@ -52,7 +52,6 @@ class _Choice:
     seq: Sequence
     stream: AsyncIterator[StepOutput]
     prompt_text: str  # for echo
-    sent: str = ""
     tokens: list[int] = field(default_factory=list)  # as delivered: seq.output is the engine thread's to change
     text_offset: int = 0  # of the next logprob token (completions, streamed)
     finish: StepOutput | None = None
@@ -240,7 +239,7 @@ class OpenAIRoutes:
                      params.max_tokens, req.stream)
             call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts))
             if req.stream:
-                return await self._sse(request, call, params)
+                return await self._sse(request, call)
             return await self._whole(call)
 
     @staticmethod
@@ -328,9 +327,8 @@ class OpenAIRoutes:
                 "total_tokens": call.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     # -- streams ----------------------------------------------------------------------------------
-    async def _sse(self, request: web.Request, call: _Call, params: SamplingParams) -> web.StreamResponse:
+    async def _sse(self, request: web.Request, call: _Call) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
-        hold = max((len(s) for s in params.stop), default=1) - 1  # never send text a stop string may cut
         opts = call.req.stream_options
         continuous = opts is not None and opts.continuous_usage_stats
 
@@ -355,7 +353,8 @@ class OpenAIRoutes:
                         await send(error_body(error.status, error.message, code=error.code))
                         break
                     first = not c.tokens
-                    text = self._text(c, out, hold)
+                    c.tokens.extend(out.new_tokens)
+                    text = out.text  # the engine's detokenizer: held back where a stop string may still cut
                     if out.new_tokens or text or out.finished:
                         chunk = self._chunk(call, c, text, out.finish_reason if out.finished else None, out,
                                             first=first)
@@ -380,23 +379,6 @@ class OpenAIRoutes:
             log.info("event=client_disconnected request_id=%s", call.rid)
         assert resp is not None
         return resp
-
-    def _text(self, c: _Choice, out: StepOutput, hold: int) -> str:
-        tok = self.engine.tokenizer
-        c.tokens.extend(out.new_tokens)
-        if tok is None:
-            return ""
-        if out.finished:  # the engine is done with the sequence: its stop_text is final
-            full = c.seq.stop_text if c.seq.stop_text is not None else tok.decode(c.tokens)
-        else:
-            full = tok.decode(c.tokens)
-            full = full[: len(full) - hold] if hold else full
-            if full.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next bytes
-                full = full.rstrip("\ufffd")
-        if not full.startswith(c.sent):
-            return ""
-        delta, c.sent = full[len(c.sent):], full
-        return delta
 
     def _head(self, call: _Call, *, chunk: bool = False) -> dict[str, Any]:
         obj = {"completion": "text_completion", "chat": "chat.completion"}[call.kind]

@@ -55,10 +55,13 @@ tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/ato
 device-plugin-stubs: venv ## generate the fake-device plugin's gRPC stubs from the pinned k8s.io/kubelet proto (cached by its hash)
 	$(PY) -m atom_device_plugin.stubs
 
+# helm installs a chart's CRDs only from the chart's own crds/, so the chart carries a copy.
+CRD_FILES := crds/atomdeployments.serving.atom.dev.yaml charts/atom-operator/crds/atomdeployments.serving.atom.dev.yaml
+
 .PHONY: crds
 crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from the spec models (tests fail when stale)
-	$(PY) -m atom_engine.api.crd
-	$(PY) -m atom_engine.api.reference
+	$(PY) -m atom_operator.api.crd $(CRD_FILES)
+	$(PY) -m atom_operator.api.reference docs/atomdeployment.md
 
 .PHONY: docker-build
 docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)

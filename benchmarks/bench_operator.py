@@ -154,7 +154,7 @@ def main() -> int:
     rngd_nodes = [rngd_node(f"rngd-b{i}", 100) for i in range(n // 3 // 90 + 1)]
     work = Path(tempfile.mkdtemp(prefix="atom-bench-"))
     with Cluster(nodes=[*atom_nodes, *rngd_nodes]) as cluster:
-        from atom_engine.api.crd import render
+        from atom_operator.api.crd import render
 
         cluster.kubectl("apply", "-f", "-", input=render())
         cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev")

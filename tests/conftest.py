@@ -53,7 +53,7 @@ def operator_process(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory)
 
     Shared by every test directory: two operators reconciling the same objects would fight.
     """
-    from atom_engine.api.crd import render
+    from atom_operator.api.crd import render
 
     from tests.operator.process import OperatorProcess
 

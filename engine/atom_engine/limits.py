@@ -1,4 +1,5 @@
-"""Engine limits: defined once, enforced by the engine, the admission webhook and the CRD's CEL rules.
+"""Engine limits: the bounds and rules of what one engine can run, defined once and enforced by the engine, the
+admission webhook and the CRD's CEL rules.
 
 Each rule is data: a guard, a check and a message built from literal text and terms. Every term carries
 both a Python function and the CEL expression of the same value, so the Python check and the generated
@@ -6,7 +7,8 @@ both a Python function and the CEL expression of the same value, so the Python c
 one table of specs through pydantic, the API server with only the CRD, and the API server with the webhook.
 
 Rules read an :class:`EngineView`: the handful of values the rules look at, with the names they have in
-``AtomDeployment.spec``. The engine builds one from its settings, the webhook from the spec.
+``AtomDeployment.spec``. The engine builds one from its settings, the operator's API from the spec. The rules
+only a cluster can check (NPU counts, object names) are the operator's (``atom_operator.api.rules``).
 """
 
 from __future__ import annotations
@@ -20,41 +22,33 @@ KV_BLOCKS_MIN = 2
 KV_BLOCKS_MAX = 4096
 MAX_SEQ_LEN_MIN = 64
 MAX_SEQ_LEN_MAX = 32768
-REPLICAS_MIN = 0
 # CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
 CEL_INT_DIGITS = 5
-REPLICAS_MAX = 10**CEL_INT_DIGITS - 1
-NPUS_PER_REPLICA_MAX = 64
+NPUS_PER_REPLICA_MAX = 64  # the most devices one engine drives (settings.numDevices, the spec's npusPerReplica)
 # An ATOM (RBLN-CA) has 16 GiB of DRAM and keeps 288 MiB of it for the system (optimum-rbln 0.12.0,
 # optimum/rbln/utils/runtime_utils.py:48-54); its prefill chunk is a positive multiple of 64
 # (optimum/rbln/transformers/modeling_attention_utils.py:92-96).
 ATOM_DRAM_BYTES = 16 * 2**30
 ATOM_SYSTEM_BYTES = 288 * 2**20
 ATOM_PREFILL_CHUNK_MULTIPLE = 64
-PORT_MIN = 1
-PORT_MAX = 65535
 
 # One block pads the empty lanes of the static decode batch; with a prefix cache one more is the copy
 # source while a lane is admitted (see DESIGN.md, "Block rule").
 SCRATCH_BLOCKS = 1
 COPY_SOURCE_BLOCKS = 1
 
-NPU_BACKENDS = ("atom", "rngd")
-DECODE_BACKENDS = ("atom", "cpu")
-PREFILL_BACKENDS = ("atom", "rngd", "cpu")
-
-# Children are named <name><suffix>; every one must stay a DNS-1035 label (63 characters).
-CHILD_NAME_SUFFIXES = (
-    "",
-    "-decode",
-    "-prefill",
-    "-decode-config",
-    "-prefill-config",
-    "-decode-build",  # the compile Jobs (spec.model.compileCache)
-    "-prefill-build",
-)
-DNS_LABEL_MAX = 63
-NAME_MAX_LENGTH = DNS_LABEL_MAX - max(len(s) for s in CHILD_NAME_SUFFIXES)
+# The backends the engine runs (atom_engine.backends.make_backend builds each), with the roles each runs: rngd
+# compiles only the prefill graph. The engine's settings and the spec's backend enums are made from this table, so
+# neither admits a backend the engine cannot run.
+BACKEND_ROLES: dict[str, tuple[str, ...]] = {
+    "atom": ("decode", "prefill"),
+    "rngd": ("prefill",),
+    "cpu": ("decode", "prefill"),
+}
+BACKENDS = tuple(BACKEND_ROLES)
+DECODE_BACKENDS = tuple(b for b, roles in BACKEND_ROLES.items() if "decode" in roles)
+PREFILL_BACKENDS = tuple(b for b, roles in BACKEND_ROLES.items() if "prefill" in roles)
+NPU_BACKENDS = ("atom", "rngd")  # those that drive NPUs (cpu runs on the host)
 
 
 def role_backend_error(role: str, backend: str) -> str | None:
@@ -81,11 +75,6 @@ class EngineView:
     local_prefill: bool
     prefetch_next: bool
     prefill_replicas: int
-    decode_backend: str | None = None
-    decode_npus: int | None = None
-    prefill_backend: str | None = None
-    prefill_npus: int | None = None
-    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,7 +112,7 @@ class Rule:
     applies: Term | None
     holds: Term
     message: Sequence[Part]
-    scope: str = "engine"  # "engine": the engine checks it too; "spec": only admission can see it
+    scope: str = "engine"  # "engine": the engine checks it too; "spec": only admission can see it (the operator's)
     root: bool = False  # the rule reads metadata, so it lives at the schema's root
 
     def violated(self, view: EngineView) -> bool:
@@ -172,34 +161,6 @@ LANES = _t(lambda v: v.lanes, "self.decode.lanes")
 KV_BLOCKS = _t(lambda v: v.kv_blocks, "self.decode.kvBlocks")
 PREFILL_REPLICAS = _t(lambda v: v.prefill_replicas, "self.prefill.replicas")
 LOCAL_PREFILL = _t(lambda v: v.local_prefill, "self.decode.localPrefill", boolean=True)
-
-_NPU_BACKENDS_CEL = "[" + ", ".join(f"'{b}'" for b in NPU_BACKENDS) + "]"
-
-
-def _npu_rules(role: str) -> list[Rule]:
-    backend = lambda v: getattr(v, f"{role}_backend")  # noqa: E731
-    npus = lambda v: getattr(v, f"{role}_npus")  # noqa: E731
-    backend_t = _t(backend, f"self.{role}.backend", string=True)
-    npus_t = _t(npus, f"self.{role}.npusPerReplica")
-    return [
-        Rule(
-            id=f"{role}-npu-backend-needs-npus",
-            field=f"{role}.npusPerReplica",
-            applies=_t(lambda v: backend(v) in NPU_BACKENDS, f"self.{role}.backend in {_NPU_BACKENDS_CEL}"),
-            holds=_t(lambda v: npus(v) >= 1, f"self.{role}.npusPerReplica >= 1"),
-            message=[f"{role}.npusPerReplica must be >= 1 for the NPU backend '", backend_t, "'; got ", npus_t],
-            scope="spec",
-        ),
-        Rule(
-            id=f"{role}-cpu-backend-takes-no-npus",
-            field=f"{role}.npusPerReplica",
-            applies=_t(lambda v: backend(v) == "cpu", f"self.{role}.backend == 'cpu'"),
-            holds=_t(lambda v: npus(v) == 0, f"self.{role}.npusPerReplica == 0"),
-            message=[f"{role}.npusPerReplica must be 0 for the cpu backend; got ", npus_t],
-            scope="spec",
-        ),
-    ]
-
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -263,23 +224,6 @@ RULES: tuple[Rule, ...] = (
             PREFILL_REPLICAS,
         ],
     ),
-    *_npu_rules("decode"),
-    *_npu_rules("prefill"),
-    Rule(
-        id="name-length",
-        field="metadata.name",
-        applies=None,
-        holds=_t(
-            lambda v: v.name is None or len(v.name) <= NAME_MAX_LENGTH, f"size(self.metadata.name) <= {NAME_MAX_LENGTH}"
-        ),
-        message=[
-            f"metadata.name must be at most {NAME_MAX_LENGTH} characters so that every child name"
-            f" (<name>{max(CHILD_NAME_SUFFIXES, key=len)}) stays a {DNS_LABEL_MAX}-character DNS label; got ",
-            _t(lambda v: len(v.name or ""), "size(self.metadata.name)"),
-        ],
-        scope="spec",
-        root=True,
-    ),
 )
 
 
@@ -293,8 +237,3 @@ def check(view: EngineView, *, scope: str | None = None) -> None:
     found = violations(view, scope=scope)
     if found:
         raise ValueError("; ".join(found))
-
-
-def cel_rules(*, root: bool = False) -> list[dict[str, str]]:
-    """``x-kubernetes-validations`` for ``spec`` (``root=False``) or the object's root."""
-    return [r.cel() for r in RULES if r.root == root]

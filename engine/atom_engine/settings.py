@@ -25,7 +25,7 @@ class EngineSettings(BaseModel):
         "builtin:tiny", description="builtin:tiny, or a Hugging Face-layout checkpoint directory."
     )
     max_seq_len: int = Field(512, ge=limits.MAX_SEQ_LEN_MIN, le=limits.MAX_SEQ_LEN_MAX)
-    backend: Literal["atom", "rngd", "cpu"] = "cpu"  # rngd: prefill workers on FuriosaAI RNGD
+    backend: Literal[limits.BACKENDS] = "cpu"  # rngd: prefill workers on FuriosaAI RNGD (limits.BACKEND_ROLES)
     lanes: int = Field(4, ge=limits.LANES_MIN, le=limits.LANES_MAX)
     kv_blocks: int = Field(8, ge=limits.KV_BLOCKS_MIN, le=limits.KV_BLOCKS_MAX)
     prefix_cache: bool = True

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from atom_engine.api import npu
+from atom_operator import npu
 
 from atom_localcluster import pki, tools
 
@@ -68,7 +68,7 @@ def atom_node(name: str, npus: int = 4, resource: str = npu.RBLN_GENERIC_RESOURC
     """An ATOM node as RBLN's feature discovery labels it and its device plugin advertises it: the generic name
     ``rebellions.ai/npu`` by default (useGenericResourceName on), ``rebellions.ai/ATOM`` on a legacy cluster."""
     # Labels: RBLN-SW/rbln-npu-feature-discovery internal/collector/collector.go toPlainText (family from the
-    # product: familyFromProduct, RBLN-CA* -> ATOM); see atom_engine.api.npu.
+    # product: familyFromProduct, RBLN-CA* -> ATOM); see atom_operator.npu.
     return FakeNode(
         name,
         {
@@ -96,7 +96,7 @@ def rngd_node(name: str, npus: int = 2, resource: str = npu.RNGD_RESOURCE, produ
     name such as ``furiosa.ai/rngd-2core.12gb`` (8 cores a card: resource_name.go rngdMaxCores)."""
     units = npus * npu.rngd_partitions_per_card(resource)
     # Labels: furiosa-ai/furiosa-feature-discovery src/npu.rs to_labels and src/furiosa-feature-discovery.rs
-    # extract_labels (npu.count); see atom_engine.api.npu.
+    # extract_labels (npu.count); see atom_operator.npu.
     return FakeNode(
         name,
         {

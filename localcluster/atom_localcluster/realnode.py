@@ -54,7 +54,7 @@ NPU_LABELS = {
     "rebellions.ai/npu.family": "ATOM",
     "rebellions.ai/npu.product": "RBLN-CA22",
 }
-NPU_RESOURCE = "rebellions.ai/npu"  # the RBLN device plugin's default (generic names on; atom_engine.api.npu)
+NPU_RESOURCE = "rebellions.ai/npu"  # the RBLN device plugin's default (generic names on; atom_operator.npu)
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # k8s.io/kubelet deviceplugin/v1beta1 DevicePluginPath
 KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"  # devicemanager/types.go kubeletDeviceManagerCheckpoint
 LOCK_FILE = Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom")) / "realnode.lock"

@@ -11,9 +11,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom_engine.api import AtomDeploymentSpec, NpuProfile, npu_demand, problems
-from atom_engine.api.kube import depth
-from atom_engine.api.npu import DEFAULT_PROFILE, vendor_resources
+from atom_operator.api import AtomDeploymentSpec, problems
+from atom_operator.api.kube import depth
+from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, npu_demand, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
 # nothing downstream, pydantic or kopf's diffing, gets near Python's recursion limit.

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 import kopf
-from atom_engine.api import GROUP, KIND
 
 from atom_operator import metrics
+from atom_operator.api import GROUP, KIND
 from atom_operator.artifacts import JobView
 from atom_operator.cache import ChildCache, resource_version
 from atom_operator.children import Defaults

@@ -15,7 +15,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import kopf
-from atom_engine.api import GROUP, PLURAL, VERSION
+
+from atom_operator.api import GROUP, PLURAL, VERSION
 
 # kind -> (API path prefix, plural)
 KINDS = {

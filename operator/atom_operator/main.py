@@ -13,9 +13,9 @@ import os
 from typing import Any
 
 import kopf
-from atom_engine.api import GROUP, PLURAL, VERSION
 
 from atom_operator import admission, runtime, webhook
+from atom_operator.api import GROUP, PLURAL, VERSION
 
 
 @kopf.on.startup()

@@ -9,10 +9,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom_engine.api import AtomDeployment
 from pydantic import ValidationError
 
 from atom_operator import apply, artifacts, events, status
+from atom_operator.api import AtomDeployment
 from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, workload_name

@@ -4,7 +4,7 @@ Environment:
   ATOM_ENGINE_IMAGE, ATOM_ENGINE_IMAGE_PULL_POLICY  what spec.image / spec.imagePullPolicy default to.
   ATOM_ENGINE_RNGD_IMAGE   the image of rngd pods (Dockerfile target engine-rngd), unless prefill.image is set.
   ATOM_NPU_PROFILE         this cluster's NPU resource names and node selectors, as JSON (the chart's `npu` value;
-                           see atom_engine.api.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
+                           see atom_operator.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
   ATOM_NETWORK_POLICY      true: every AtomDeployment gets NetworkPolicies (children/networkpolicy.py).
   ATOM_RECONCILE_WORKERS   AtomDeployments reconciled at once (default 16; a worker mostly waits on the API
                            server, so this bounds the operator's requests in flight, not its CPU).
@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 
 import aiohttp.web
 import kopf
-from atom_engine.api import GROUP, KIND, NpuProfile
 
 from atom_operator import metrics
+from atom_operator.api import GROUP, KIND
 from atom_operator.children import Defaults
 from atom_operator.children.meta import DEPLOYMENT_LABEL
 from atom_operator.controller import Controller
 from atom_operator.informer import Informer, OwnerOf, controlled_by, itself, labelled
 from atom_operator.kube import Kube
+from atom_operator.npu import NpuProfile
 
 log = logging.getLogger(__name__)
 

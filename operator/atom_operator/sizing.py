@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_engine.api import AtomDeploymentSpec, engine_settings
 from atom_engine.dtypes import DTYPE_BYTES
 from atom_engine.model.config import ModelConfig
 
+from atom_operator.api import AtomDeploymentSpec, engine_settings
 from atom_operator.children.meta import Role
 
 MiB = 1024**2

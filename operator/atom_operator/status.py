@@ -6,12 +6,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atom_engine.api import NpuProfile
-from atom_engine.api.npu import DEFAULT_PROFILE
-
 from atom_operator.artifacts import Report, failure_of
 from atom_operator.children import Owner, endpoint
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, selector_string
+from atom_operator.npu import DEFAULT_PROFILE, NpuProfile
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,14 @@ from typing import Any
 
 import aiohttp.web
 import kopf
-from atom_engine.api import GROUP, PLURAL, VERSION
-from atom_engine.api.kube import depth
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from atom_operator.admission import MAX_OBJECT_DEPTH
+from atom_operator.api import GROUP, PLURAL, VERSION
+from atom_operator.api.kube import depth
 
 WEBHOOK_NAME = f"validate.{PLURAL}.{GROUP}"
 HANDLER_ID = "validate"

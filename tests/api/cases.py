@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atom_engine import limits
+from atom_operator.api import rules
 
 SOURCE = {"source": "builtin:tiny"}
 # A remote-only, prefetching single-lane deployment: every prefetch rule holds, one change breaks one.
@@ -36,7 +36,7 @@ class Case:
 
     @property
     def object_name(self) -> str:
-        return self.name or re.sub(r"[^a-z0-9-]", "-", self.id.lower())[: limits.NAME_MAX_LENGTH].strip("-")
+        return self.name or re.sub(r"[^a-z0-9-]", "-", self.id.lower())[: rules.NAME_MAX_LENGTH].strip("-")
 
     def manifest(
         self, api_version: str = "serving.atom.dev/v1alpha1", namespace: str | None = None, kind: str = "AtomDeployment"
@@ -154,7 +154,7 @@ INVALID = [
         "name-49",
         spec(),
         ("metadata.name: ", "metadata.name must be at most 48 characters", "got 49"),
-        name="n" * (limits.NAME_MAX_LENGTH + 1),
+        name="n" * (rules.NAME_MAX_LENGTH + 1),
     ),
     Case("name-63", spec(), ("metadata.name: ", "metadata.name must be at most 48", "got 63"), name="m" * 63),
     # Wrong types: no coercion, on any path.
@@ -215,7 +215,7 @@ VALID = [
         "lower-bounds",
         spec({"replicas": 0, "lanes": 1, "kvBlocks": 2, "prefixCache": False}, model={**SOURCE, "maxSeqLen": 64}),
     ),
-    Case("name-48", spec(), name="v" * limits.NAME_MAX_LENGTH),
+    Case("name-48", spec(), name="v" * rules.NAME_MAX_LENGTH),
     Case("empty-prefill", spec(prefill={})),
     Case("node-port-service", spec(service={"type": "NodePort", "port": 80}, imagePullPolicy="IfNotPresent")),
     Case(

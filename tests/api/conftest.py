@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from atom_engine.api.crd import render
 from atom_operator import webhook
+from atom_operator.api.crd import render
 
 from tests.api.probe import PROBE_GROUP, PROBE_KIND, PROBE_PLURAL
 

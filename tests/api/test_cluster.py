@@ -7,7 +7,7 @@ import time
 
 import pytest
 import yaml
-from atom_engine.api import AtomDeploymentSpec
+from atom_operator.api import AtomDeploymentSpec
 
 from tests.api.cases import INVALID, VALID, Case, spec
 from tests.api.probe import PROBE_GROUP, PROBE_KIND, PROBE_PLURAL

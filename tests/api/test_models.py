@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 from atom_engine import limits
-from atom_engine.api import AtomDeployment, AtomDeploymentSpec, NpuProfile, engine_settings, npu_demand, problems
-from atom_engine.api.crd import DEFAULT_PATH, render
 from atom_engine.settings import EngineSettings
 from atom_operator import admission
+from atom_operator.api import AtomDeployment, AtomDeploymentSpec, engine_settings, problems
+from atom_operator.api.crd import render
+from atom_operator.npu import NpuProfile, npu_demand
 from pydantic import ValidationError
 
 from tests.api.cases import INVALID, VALID, Case, spec
+from tests.generated import CRD_PATH
 
 ENGINE_RULES = {r.id for r in limits.RULES if r.scope == "engine"}
 
@@ -95,7 +96,7 @@ def test_decode_settings_need_the_prefill_address_when_workers_exist() -> None:
 
 
 def test_committed_crd_is_the_generated_one() -> None:
-    assert Path(DEFAULT_PATH).read_text() == render(), "crds/ is stale: run python -m atom_engine.api.crd"
+    assert CRD_PATH.read_text() == render(), "crds/ is stale: run make crds"
 
 
 def test_defaults_fill_a_minimal_spec() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from atom_engine.api import AtomDeploymentSpec, NpuProfile, engine_settings, npu_demand
 from atom_engine.limits import role_backend_error
+from atom_operator.api import AtomDeploymentSpec, engine_settings
+from atom_operator.npu import NpuProfile, npu_demand
 from atom_operator.runtime import Config
 from pydantic import ValidationError
 

@@ -1,10 +1,12 @@
 """The committed AtomDeployment reference is the one generated from the CRD schema."""
 
-from atom_engine.api import reference
+from atom_operator.api import reference
+
+from tests.generated import REFERENCE_PATH
 
 
 def test_committed_reference_is_the_generated_one() -> None:
-    assert reference.DEFAULT_PATH.read_text() == reference.render(), "docs/atomdeployment.md is stale: make crds"
+    assert REFERENCE_PATH.read_text() == reference.render(), "docs/atomdeployment.md is stale: make crds"
 
 
 def test_reference_lists_every_rule_and_the_block_bounds() -> None:

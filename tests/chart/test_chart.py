@@ -20,15 +20,16 @@ import atom_operator.main  # noqa: F401 - registers kopf's handlers, which tell 
 import kopf
 import pytest
 import yaml
-from atom_engine.api import NpuProfile
-from atom_engine.api.crd import CHART_PATH, CRD_NAME, DEFAULT_PATH, render
-from atom_engine.api.npu import RESOURCE_PATTERNS
 from atom_localcluster import tools
 from atom_operator import kube, runtime, webhook
+from atom_operator.api.crd import CRD_NAME, render
 from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
+from atom_operator.npu import RESOURCE_PATTERNS, NpuProfile
 from atom_operator.reconcile import Observed, reconcile
 from cryptography import x509
+
+from tests.generated import CHART_CRD_PATH, CRD_PATH
 
 pytestmark = pytest.mark.cluster
 
@@ -109,7 +110,7 @@ def release(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relea
 
 # ---- the chart's files ---------------------------------------------------------------------------------------
 def test_chart_crd_is_the_generated_crd() -> None:
-    assert CHART_PATH.read_text() == Path(DEFAULT_PATH).read_text() == render(), (
+    assert CHART_CRD_PATH.read_text() == CRD_PATH.read_text() == render(), (
         "charts/atom-operator/crds is stale: run make crds"
     )
 

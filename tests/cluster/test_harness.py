@@ -7,10 +7,10 @@ import os
 import subprocess
 
 import pytest
-from atom_engine.api.npu import rngd_partitions_per_card
 from atom_localcluster import tools
 from atom_localcluster.cluster import Cluster, FakeNode, _alive
 from atom_localcluster.wait import wait_for
+from atom_operator.npu import rngd_partitions_per_card
 
 pytestmark = pytest.mark.cluster
 

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
-from atom_engine.api.spec import ModelSpec
 from atom_engine.model import builtin, convert
+from atom_operator.api.spec import ModelSpec
 
 SMOL = builtin.BUILTIN_MODELS["smollm2-135m"]
 

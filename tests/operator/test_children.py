@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import yaml
-from atom_engine.api import AtomDeploymentSpec, NpuProfile
 from atom_engine.settings import EngineSettings
+from atom_operator.api import AtomDeploymentSpec
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, ARTIFACT_KEY, CONFIG_HASH, DEPLOYMENT_LABEL
 from atom_operator.children.workload import engine_command
+from atom_operator.npu import NpuProfile
 
 DEFAULTS = Defaults(image="example.invalid/atom-engine:test", image_pull_policy="Never")
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from atom_engine.api.spec import COMPILE_CACHE_PATH
 from atom_localcluster.cluster import free_port
 from atom_localcluster.wait import wait_for
+from atom_operator.api.spec import COMPILE_CACHE_PATH
 
 from tests.operator.test_reconciler import condition, create, get, pods, ready
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_engine.api import GROUP, KIND
+from atom_operator.api import GROUP, KIND
 from atom_operator.children import Defaults
 from atom_operator.controller import Controller
 from atom_operator.informer import Listing, controlled_by, labelled

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from atom_engine.api import AtomDeploymentSpec
+from atom_operator.api import AtomDeploymentSpec
 from atom_operator.apply import contains, needs_write
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, DEPLOYMENT_LABEL

@@ -4,9 +4,9 @@ discovery and device plugins do, under both ATOM naming schemes (see atom_localc
 from __future__ import annotations
 
 import pytest
-from atom_engine.api import NpuProfile
 from atom_localcluster.wait import wait_for
 from atom_operator.children import Defaults
+from atom_operator.npu import NpuProfile
 
 from tests.operator.conftest import PARTITIONED
 from tests.operator.process import OperatorProcess

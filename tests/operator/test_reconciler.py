@@ -6,8 +6,8 @@ import json
 
 import pytest
 import yaml
-from atom_engine.api import AtomDeploymentSpec
 from atom_localcluster.wait import wait_for
+from atom_operator.api import AtomDeploymentSpec
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import CONFIG_HASH
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from atom_engine.api import AtomDeploymentSpec, engine_settings
 from atom_operator import sizing
+from atom_operator.api import AtomDeploymentSpec, engine_settings
 from atom_operator.children import Defaults, Owner, build_children
 
 

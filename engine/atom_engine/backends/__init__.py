@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
+from atom_engine import limits
 from atom_engine.model.llama import LlamaForCausalLM
 
 
@@ -56,4 +57,5 @@ def make_backend(name: str, model: LlamaForCausalLM, *, lanes: int, kv_blocks: i
 
         return RngdBackend(model, kv_blocks=kv_blocks, chunk=chunk, num_devices=num_devices, pes=rngd_pes,
                            load_from=load_from)
-    raise ValueError(f"backend must be 'cpu', 'atom' or 'rngd'; got {name!r}")
+    # limits.BACKEND_ROLES lists the names built above: the settings and the spec admit no other.
+    raise ValueError(f"backend must be one of {', '.join(limits.BACKENDS)}; got {name!r}")

@@ -1,6 +1,6 @@
 """The built-in models: what ``builtin:<name>`` means, for the engine, the spec's validation and ``make model``.
 
-Torch-free: the operator's admission imports the names from here (through ``atom_engine.api.spec``).
+Torch-free: the operator's admission imports the names from here (through ``atom_operator.api.spec``).
 
 A built-in model is either made in process (``tiny``: random weights from a fixed seed) or a trained checkpoint
 converted once by ``make model`` from a pinned package into ``<models dir>/<name>-<key>`` (Hugging Face layout:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_engine.api import engine_settings
-
+from atom_operator.api import engine_settings
 from atom_operator.children.meta import Owner, Role, config_name, metadata, prefill_service_name
 
 CONFIG_KEY = "engine.yaml"

@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from atom_engine.api import GROUP, KIND, VERSION, AtomDeploymentSpec, NpuProfile
-from atom_engine.limits import CHILD_NAME_SUFFIXES
+from atom_operator.api import GROUP, KIND, VERSION, AtomDeploymentSpec
+from atom_operator.api.rules import CHILD_NAME_SUFFIXES
+from atom_operator.npu import NpuProfile
 
 Role = Literal["decode", "prefill"]
 ROLES: tuple[Role, ...] = ("decode", "prefill")
@@ -23,7 +24,7 @@ CONFIG_HASH = f"{GROUP}/config-hash"
 ARTIFACT_KEY = f"{GROUP}/artifact-key"
 MANAGER = "atom-operator"
 
-# The suffixes are defined with the name-length limit (limits.CHILD_NAME_SUFFIXES); unpack them so a new child
+# The suffixes are defined with the name-length limit (atom_operator.api.rules); unpack them so a new child
 # kind cannot be named here without the limit knowing about it.
 _SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG, _DECODE_BUILD, _PREFILL_BUILD = CHILD_NAME_SUFFIXES
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from atom_engine.api.spec import COMPILE_CACHE_PATH
 from atom_engine.settings import EngineSettings
 
 from atom_operator import sizing
+from atom_operator.api.spec import COMPILE_CACHE_PATH
 from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
 from atom_operator.children.meta import (
     CONFIG_HASH,

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:
-    from atom_engine.api.spec import AtomDeploymentSpec
+    from atom_operator.api.spec import AtomDeploymentSpec
 
 # Rebellions: the device plugin's names (pkg/consts/consts.go), then feature discovery's labels (collector.go).
 RBLN_GENERIC_RESOURCE, RBLN_ATOM_RESOURCE = "rebellions.ai/npu", "rebellions.ai/ATOM"

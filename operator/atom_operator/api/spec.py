@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+from atom_engine import limits
+from atom_engine.model.builtin import BUILTIN_MODELS, SOURCE_PATTERN
+from atom_engine.settings import EngineSettings, Role
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from atom_engine import limits
-from atom_engine.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
-from atom_engine.model.builtin import BUILTIN_MODELS, SOURCE_PATTERN
-from atom_engine.settings import EngineSettings, Role
+from atom_operator.api import rules
+from atom_operator.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields
@@ -96,7 +97,7 @@ class DecodeSpec(_Placement):
     """The decode role: the pods behind the OpenAI endpoint, batching requests in lanes."""
 
     replicas: int = Field(
-        1, ge=limits.REPLICAS_MIN, le=limits.REPLICAS_MAX, description="Decode pods; `kubectl scale` sets this."
+        1, ge=rules.REPLICAS_MIN, le=rules.REPLICAS_MAX, description="Decode pods; `kubectl scale` sets this."
     )
     backend: Literal[limits.DECODE_BACKENDS] = Field(
         "atom", json_schema_extra={"maxLength": 8}, description="Where decode runs: atom (Rebellions ATOM NPU) or cpu."
@@ -139,7 +140,7 @@ class PrefillSpec(_Placement):
     """The prefill role: workers that compute prompts' KV and ship it to decode pods (PD disaggregation)."""
 
     replicas: int = Field(
-        0, ge=limits.REPLICAS_MIN, le=limits.REPLICAS_MAX, description="Prefill worker pods; 0 = no prefill workers."
+        0, ge=rules.REPLICAS_MIN, le=rules.REPLICAS_MAX, description="Prefill worker pods; 0 = no prefill workers."
     )
     backend: Literal[limits.PREFILL_BACKENDS] = Field(
         "atom",
@@ -165,7 +166,7 @@ class ServiceSpec(Strict):
     """The Service in front of the decode pods: the OpenAI-compatible endpoint."""
 
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
-    port: int = Field(8000, ge=limits.PORT_MIN, le=limits.PORT_MAX, description="Service port of the endpoint.")
+    port: int = Field(8000, ge=rules.PORT_MIN, le=rules.PORT_MAX, description="Service port of the endpoint.")
 
 
 class AtomDeploymentSpec(Strict):
@@ -195,7 +196,7 @@ class AtomDeploymentSpec(Strict):
 
     @model_validator(mode="after")
     def _limits(self) -> AtomDeploymentSpec:
-        broken = [r for r in limits.RULES if not r.root and r.violated(self.view())]
+        broken = [r for r in rules.RULES if not r.root and r.violated(self.view())]
         if broken:
             view = self.view()
             raise PydanticCustomError(
@@ -208,8 +209,8 @@ class AtomDeploymentSpec(Strict):
             )
         return self
 
-    def view(self, name: str | None = None) -> limits.EngineView:
-        return limits.EngineView(
+    def view(self, name: str | None = None) -> rules.SpecView:
+        return rules.SpecView(
             lanes=self.decode.lanes,
             kv_blocks=self.decode.kv_blocks,
             prefix_cache=self.decode.prefix_cache,

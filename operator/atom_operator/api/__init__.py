@@ -1,12 +1,11 @@
-"""The AtomDeployment API (serving.atom.dev/v1alpha1) as pydantic models. Torch-free: the operator imports it.
+"""The AtomDeployment API (serving.atom.dev/v1alpha1): the spec and status models, and the CRD made from them.
 
-The models are the spec: the CRD in ``crds/`` is generated from them (``python -m atom_engine.api.crd``), the
+The models are the spec: the CRD in ``crds/`` is generated from them (``python -m atom_operator.api.crd``), the
 admission webhook validates with them, and the engine's settings are rendered from them (:func:`engine_settings`).
 """
 
-from atom_engine.api.npu import NpuProfile, npu_demand
-from atom_engine.api.resource import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, AtomDeployment, Problem, problems
-from atom_engine.api.spec import (
+from atom_operator.api.resource import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, AtomDeployment, Problem, problems
+from atom_operator.api.spec import (
     AtomDeploymentSpec,
     DecodeSpec,
     ModelSpec,
@@ -14,7 +13,7 @@ from atom_engine.api.spec import (
     ServiceSpec,
     engine_settings,
 )
-from atom_engine.api.status import AtomDeploymentStatus, Condition, RoleStatus
+from atom_operator.api.status import AtomDeploymentStatus, Condition, RoleStatus
 
 __all__ = [
     "GROUP",
@@ -28,12 +27,10 @@ __all__ = [
     "Condition",
     "DecodeSpec",
     "ModelSpec",
-    "NpuProfile",
     "PrefillSpec",
     "Problem",
     "RoleStatus",
     "ServiceSpec",
     "engine_settings",
-    "npu_demand",
     "problems",
 ]

@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from atom_engine import limits
-from atom_engine.api.spec import AtomDeploymentSpec
-from atom_engine.api.status import AtomDeploymentStatus
+from atom_operator.api import rules
+from atom_operator.api.spec import AtomDeploymentSpec
+from atom_operator.api.status import AtomDeploymentStatus
 
 GROUP = "serving.atom.dev"
 VERSION = "v1alpha1"
@@ -42,7 +42,7 @@ class AtomDeployment(BaseModel):
     @classmethod
     def _root_limits(cls, metadata: ObjectMeta) -> ObjectMeta:
         # Root rules read only metadata, so they are checked even when the spec is broken, as CEL does.
-        view = limits.EngineView(
+        view = rules.SpecView(
             lanes=1,
             kv_blocks=2,
             prefix_cache=False,
@@ -51,7 +51,7 @@ class AtomDeployment(BaseModel):
             prefill_replicas=0,
             name=metadata.name,
         )
-        broken = [r for r in limits.RULES if r.root and r.violated(view)]
+        broken = [r for r in rules.RULES if r.root and r.violated(view)]
         if broken:
             raise PydanticCustomError(
                 "engine_limit",

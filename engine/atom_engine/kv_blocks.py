@@ -3,7 +3,7 @@
 Every block is in exactly one place: the scratch block (pads empty lanes of the static decode batch), the free
 deque, a lane (its owner holds exactly one block), or the prefix cache (an LRU map from the tokens whose KV the
 block holds to the block id, indexed by :class:`PrefixIndex`). A cache entry that a lane is copying from is
-*pinned*: allocating a block never evicts it. See DESIGN.md, "Engine semantics".
+*pinned*: allocating a block never evicts it. See docs/design.md, "KV blocks" to "Conservation".
 """
 
 from __future__ import annotations

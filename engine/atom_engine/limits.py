@@ -33,7 +33,7 @@ ATOM_SYSTEM_BYTES = 288 * 2**20
 ATOM_PREFILL_CHUNK_MULTIPLE = 64
 
 # One block pads the empty lanes of the static decode batch; with a prefix cache one more is the copy
-# source while a lane is admitted (see DESIGN.md, "Block rule").
+# source while a lane is admitted (see docs/design.md, "Block rule").
 SCRATCH_BLOCKS = 1
 COPY_SOURCE_BLOCKS = 1
 

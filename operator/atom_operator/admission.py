@@ -1,8 +1,9 @@
 """Admission review of AtomDeployments: pure functions, no Kubernetes client, no kopf.
 
 The refusals are exactly what the CRD's schema and CEL rules refuse (the same models and
-:mod:`atom_engine.limits`), so the webhook never contradicts the API server. On top, it warns about what CEL
-cannot see: NPUs the cluster does not have, a model volume whose claim does not exist.
+:mod:`atom_operator.api.rules`: the engine's limits and the cluster's rules), so the webhook never contradicts the
+API server. On top, it warns about what CEL cannot see: NPUs the cluster does not have, a model volume whose claim
+does not exist.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Compiled artifacts (contract C3): saved once under compileCacheDir with a manifest, loaded by later starts
-without compiling, recompiled for other settings, refused when the manifest disagrees; ``atom-engine compile``."""
+"""Compiled artifacts (docs/design.md, "Compiled artifacts"): saved once under compileCacheDir with a manifest,
+loaded by later starts without compiling, recompiled for other settings, refused when the manifest disagrees;
+``atom-engine compile``."""
 
 from __future__ import annotations
 

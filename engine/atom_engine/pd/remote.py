@@ -5,7 +5,7 @@ Threads: the batcher steps in the engine's worker thread; fetches run on the ser
 slot's staging buffer, and the batcher imports it into the lane's block at a later step. Slot bookkeeping is
 shared by both threads, so it is done under ``_slot_lock``.
 
-Lifecycle of a shipment (DESIGN.md, "PD disaggregation" and "B1 prefetch"):
+Lifecycle of a shipment (docs/design.md, "PD disaggregation" and "B1 prefetch"):
 - the lane is admitted (prefix-cache copy first), a source slot is reserved (or the lane waits for one), and
   the fetch of the uncached suffix starts;
 - when the fetch is done the KV is imported into the lane's block, the first token is sampled from the shipped

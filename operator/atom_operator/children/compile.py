@@ -1,9 +1,10 @@
 """The compile Job of one role: ``atom-engine compile`` once per artifact, into spec.model.compileCache.
 
 The Job runs the role's own pod (same image, settings, volumes, placement and security) with the compile command
-instead of ``serve``: the artifact it writes is keyed by exactly the settings the role's pods load it with
-(contract C3). It requests no NPU: the vendors' compilers run on the host. The role's pods start once it
-succeeded (see :func:`atom_operator.children.build_children`) and mount the cache read-only, so no pod compiles.
+instead of ``serve``: the artifact it writes is keyed by exactly the settings the role's pods load it with (see
+docs/architecture.md, "The compile cache"). It requests no NPU: the vendors' compilers run on the host. The role's
+pods start once it succeeded (see :func:`atom_operator.children.build_children`) and mount the cache read-only, so
+no pod compiles.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from atom_operator.children.configmap import CONFIG_PATH
 from atom_operator.children.meta import ARTIFACT_KEY, Owner, Role, build_name, digest, metadata
 
-# Exit statuses of `atom-engine compile` that a retry cannot change (contract C3): 2 bad settings, 3 an artifact
+# Exit statuses of `atom-engine compile` that a retry cannot change (atom_engine.cli): 2 bad settings, 3 an artifact
 # that disagrees with the settings. The Job fails at once with them; anything else (an evicted pod) is retried.
 FINAL_EXIT_CODES = [2, 3]
 BACKOFF_LIMIT = 2

@@ -1,9 +1,11 @@
 """The lane batcher: a waiting queue, ``lanes`` decode slots, continuous batching. Pure Python: no torch.
 
 One :meth:`Batcher.step` (1) applies cancels, (2) fills free lanes from the queue (a lane freed in the last step
-is refilled now, not at the end of a batch), (3) runs one prefill chunk for each lane still prefilling, and
-(4) runs one static-shape decode step over all lanes. An exception while serving one request ends that request
-with an error; the batcher keeps serving the others and every KV block stays accounted for.
+is refilled now, not at the end of a batch), (3) brings each lane still without its prompt's KV one step further:
+one prefill chunk, or, with a KV connector (:mod:`atom_engine.kv_connector`: PD's remote prefill), the import of
+a shipment that has arrived, and (4) runs one static-shape decode step over all lanes. An exception while
+serving one request ends that request with an error; the batcher keeps serving the others and every KV block
+stays accounted for.
 
 The model is behind :class:`Runner`, so the batcher runs against a fake in tests and the torch runner in pods.
 """
@@ -18,8 +20,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from atom_engine.detokenizer import IncrementalDetokenizer
+from atom_engine.errors import ContextTooLong, QueueFull, RequestRejected
 from atom_engine.kv_blocks import Allocation, KVBlocks
-from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, Status, StepOutput
+from atom_engine.kv_connector import KVConnector, LoadedKV
+from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,10 @@ class Runner(Protocol):
     def copy_block(self, src: int, dst: int) -> None:
         """Copy a whole KV block (a prefix-cache hit)."""
 
+    def load_kv(self, seq: Sequence, loaded: LoadedKV) -> int:
+        """Import KV computed elsewhere into ``seq.block`` (positions ``loaded.start..``) and return the first
+        output token, sampled from the shipped logits (only with a KV connector)."""
+
 
 class Batcher:
     def __init__(
@@ -51,7 +59,10 @@ class Batcher:
         max_waiting: int = 256,
         eos_token_id: int | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
+        connector: KVConnector | None = None,
     ) -> None:
+        """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
+        here)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -60,6 +71,7 @@ class Batcher:
         self.max_waiting = max_waiting
         self.eos_token_id = eos_token_id
         self.detokenize = detokenize
+        self.connector = connector
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
         self._cancels: set[str] = set()
@@ -76,7 +88,7 @@ class Batcher:
         if not prompt:
             raise RequestRejected("the prompt is empty; it needs at least one token")
         if len(prompt) + params.max_tokens > self.max_seq_len:
-            raise RequestRejected(
+            raise ContextTooLong(
                 f"maximum context length is {self.max_seq_len} tokens; the prompt has {len(prompt)} tokens and"
                 f" max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens"
             )
@@ -98,10 +110,18 @@ class Batcher:
             self._cancels.add(request_id)
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.lanes) or bool(self._cancels)
+        """Requests, cancels, or a connector holding a transfer (a prefetch): not idle."""
+        busy = self.connector is not None and self.connector.busy()
+        return busy or bool(self.waiting) or any(s is not None for s in self.lanes) or bool(self._cancels)
 
     def running(self) -> list[Sequence]:
         return [s for s in self.lanes if s is not None]
+
+    def stats(self) -> dict[str, float]:
+        """The counters, the queue and the lanes, and whether the batcher is idle."""
+        prefix_queried = self.counters["prompt_tokens"] if self.kv.prefix_cache else 0
+        return {**self.counters, "waiting": len(self.waiting), "running": len(self.running()),
+                "prefix_query_tokens": prefix_queried, "idle": 0.0 if self.has_work() else 1.0}
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -111,6 +131,10 @@ class Batcher:
         self._admit(out)
         self._prefill(out)
         self._decode(out)
+        if self.connector is not None:
+            with self._lock:
+                head = self.waiting[0] if self.waiting else None
+            self.connector.after_step(self.lanes, head)
         return out
 
     def _apply_cancels(self, out: list[StepOutput]) -> None:
@@ -120,10 +144,10 @@ class Batcher:
             dropped = [s for s in self.waiting if s.id in cancels]
             self.waiting = kept
         for seq in dropped:
-            self._finish(seq, "cancelled", out)
+            self._finish(seq, FinishReason.CANCELLED, out)
         for seq in self.running():
             if seq.id in cancels:
-                self._finish(seq, "cancelled", out)
+                self._finish(seq, FinishReason.CANCELLED, out)
 
     def _admit(self, out: list[StepOutput]) -> None:
         for lane, held in enumerate(self.lanes):
@@ -151,32 +175,49 @@ class Batcher:
                 self._fail(seq, exc, out)
 
     def _allocate(self, seq: Sequence) -> Allocation:
-        """The lane's block (and prefix-cache source); PD's batcher overrides it for prefetched requests."""
-        return self.kv.allocate(seq.id, self.cacheable_prompt(seq))
-
-    @staticmethod
-    def cacheable_prompt(seq: Sequence) -> list[int]:
-        """The prompt to look up in the prefix cache; nothing for prompt logprobs, which need every prompt
-        token's logits (vLLM computes them again too)."""
-        return [] if seq.params.prompt_logprobs is not None else seq.prompt
+        """The lane's block (and prefix-cache source): one the connector prepared (a prefetch), or a new one."""
+        if self.connector is not None and (alloc := self.connector.allocate(seq)) is not None:
+            return alloc
+        return self.kv.allocate(seq.id, seq.cacheable_prompt)
 
     def _prefill(self, out: list[StepOutput]) -> None:
         for seq in self.running():
             if seq.status is not Status.PREFILL:
                 continue
-            start = seq.computed
-            chunk = seq.prompt[start : start + self.prefill_chunk]
-            last = start + len(chunk) == len(seq.prompt)
             try:
-                token = self.runner.prefill(seq, start, chunk, last)
-                seq.computed += len(chunk)
-                self.counters["prefill_chunks"] += 1
-                self.counters["prefill_tokens_computed"] += len(chunk)
-                if last:
+                done, token = self._prefill_chunk(seq) if self.connector is None else self._import(seq)
+                if done:
                     seq.status = Status.DECODE
                     self._append(seq, token, out)
             except Exception as exc:  # noqa: BLE001
                 self._fail(seq, exc, out)
+
+    def _prefill_chunk(self, seq: Sequence) -> tuple[bool, int | None]:
+        start = seq.computed
+        chunk = seq.prompt[start : start + self.prefill_chunk]
+        last = start + len(chunk) == len(seq.prompt)
+        token = self.runner.prefill(seq, start, chunk, last)
+        seq.computed += len(chunk)
+        self.counters["prefill_chunks"] += 1
+        self.counters["prefill_tokens_computed"] += len(chunk)
+        return last, token
+
+    def _import(self, seq: Sequence) -> tuple[bool, int | None]:
+        """The connector's KV, once it has arrived, into the lane's block (the rest of the prompt at once)."""
+        assert self.connector is not None
+        loaded = self.connector.poll(seq)  # raises the transfer's error
+        if loaded is None:
+            return False, None
+        ok = False
+        try:
+            if loaded.start != seq.computed:
+                raise RuntimeError(f"shipment starts at {loaded.start}, the lane's block has {seq.computed} tokens")
+            token = self.runner.load_kv(seq, loaded)
+            ok = True
+        finally:
+            self.connector.release(seq, ok)  # the staging slot is free only now, after the import
+        seq.computed = len(seq.prompt)
+        return True, token
 
     def _decode(self, out: list[StepOutput]) -> None:
         batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
@@ -226,7 +267,7 @@ class Batcher:
         else:
             self._finish(seq, reason, out, new=(token,))
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
         n = len(seq.output)
         eos = not p.ignore_eos and token == self.eos_token_id
@@ -235,7 +276,7 @@ class Batcher:
             seq.stop_reason = None if eos else token
             if (det := seq.detokenizer) is not None:
                 seq.stop_text = det.text if p.include_stop_str_in_output else det.text_before_last
-            return "stop"
+            return FinishReason.STOP
         if n > p.min_tokens and p.stop and seq.detokenizer is not None:  # vLLM: stop strings past min_tokens
             hit = seq.detokenizer.find(p.stop)
             if hit is not None:
@@ -243,29 +284,34 @@ class Batcher:
                 seq.stop_reason = stop
                 text = seq.detokenizer.text
                 seq.stop_text = text[: at + len(stop)] if p.include_stop_str_in_output else text[:at]
-                return "stop"
+                return FinishReason.STOP
         if len(seq.output) >= p.max_tokens:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
-    def _fail(self, seq: Sequence, exc: BaseException, out: list[StepOutput]) -> None:
+    def _fail(self, seq: Sequence, exc: Exception, out: list[StepOutput]) -> None:
+        seq.failure = exc
         seq.error = f"{type(exc).__name__}: {exc}"
         log.warning("event=request_failed request_id=%s error=%r", seq.id, seq.error)
-        self._finish(seq, "error", out)
+        self._finish(seq, FinishReason.ERROR, out)
 
-    def _finish(self, seq: Sequence, reason: str, out: list[StepOutput], new: tuple[int, ...] = ()) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, out: list[StepOutput], new: tuple[int, ...] = ()
+                ) -> None:
+        if self.connector is not None:
+            self.connector.request_finished(seq, reason)
         if seq.block is not None:
             # After an error the block's KV may be half written: never cache it.
-            valid = None if reason == "error" else seq.tokens[: seq.computed]
+            valid = None if reason is FinishReason.ERROR else seq.tokens[: seq.computed]
             self.kv.release(seq.id, valid)
             seq.block = None
         if seq.lane is not None and self.lanes[seq.lane] is seq:
             self.lanes[seq.lane] = None
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        key = {"error": "requests_failed", "cancelled": "requests_cancelled"}.get(reason, "requests_finished")
+        key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
+            reason, "requests_finished")
         self.counters[key] += 1
         text = ""
         if seq.detokenizer is not None:
             text = seq.detokenizer.stream_delta(seq.stop_text if seq.stop_text is not None else seq.detokenizer.text)
-        out.append(StepOutput(seq.id, new, True, reason, seq.error, text))
+        out.append(StepOutput(seq.id, new, True, reason, seq.error, text, seq.failure))

@@ -1,9 +1,9 @@
-"""LLMEngine: settings -> tokenizer, model runner, KV blocks and batcher.
+"""LLMEngine: settings -> tokenizer, model runner, KV blocks (a :class:`ModelStack`) and the batcher.
 
 A server drives it from one worker thread (``step()`` never runs on an event loop): ``add_request`` and
-``cancel`` are thread-safe and may be called from any thread; each ``step()`` returns the tokens it produced
-per request (:class:`StepOutput`), which the server streams. Prefill/decode disaggregation plugs in at the
-runner (``export_kv``/``import_kv``) and :class:`SourceSlots`.
+``cancel`` are thread-safe and may be called from any thread; each ``step()`` returns the tokens and text it
+produced per request (:class:`StepOutput`), which the server streams. Prefill/decode disaggregation plugs in as
+the batcher's KV connector (:mod:`atom_engine.kv_connector`), the KV moving through the runner.
 """
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from atom_engine import limits
 from atom_engine.batcher import Batcher
-from atom_engine.kv_blocks import KVBlocks, SourceSlots
-from atom_engine.sequence import RequestRejected, SamplingParams, Sequence, StepOutput
+from atom_engine.errors import RequestRejected
+from atom_engine.kv_blocks import SCRATCH_BLOCK
+from atom_engine.kv_connector import KVConnector
+from atom_engine.model_stack import ModelStack
+from atom_engine.sequence import SamplingParams, Sequence, StepOutput
 from atom_engine.settings import EngineSettings
-
-if TYPE_CHECKING:
-    from atom_engine.pd.remote import RemotePrefill
 
 
 @dataclass(frozen=True)
@@ -35,44 +34,41 @@ class RequestOutput:
 
 
 class LLMEngine:
-    def __init__(self, settings: EngineSettings, remote: RemotePrefill | None = None) -> None:
-        """``remote``: the decode side of PD disaggregation (atom_engine.pd), required when localPrefill is
-        false: the batcher then never prefills locally but imports the KV that prefill workers ship."""
+    def __init__(self, settings: EngineSettings, connector: KVConnector | None = None) -> None:
+        """``connector``: where prompt KV comes from instead of local prefill, required when localPrefill is
+        false (PD's decode side, :class:`atom_engine.pd.remote.RemoteConnector`: the batcher never prefills
+        locally but imports the KV that prefill workers ship)."""
         # EngineSettings validates on construction; check again for settings built without validation.
         limits.check(settings.view(), scope="engine")
         if error := limits.role_backend_error("decode", settings.backend):  # an LLMEngine decodes
             raise ValueError(error)
-        if not settings.local_prefill and remote is None:
+        if not settings.local_prefill and connector is None:
             raise ValueError(
                 "localPrefill: false (remote-only prefill) needs a prefill client: serve with --role decode and"
                 " prefillWorkers set, or set localPrefill: true"
             )
-        from atom_engine.model.loader import load_model
-        from atom_engine.runner import ModelRunner
-
         self.settings = settings
-        self.model, self.tokenizer = load_model(
-            settings.model_source, max_seq_len=settings.max_seq_len, dtype=settings.dtype, seed=settings.seed
-        )
+        stack = ModelStack.load(settings)
+        self.model, self.tokenizer, self.runner, self.kv = stack.model, stack.tokenizer, stack.runner, stack.kv
         self.eos_token_id = self.model.cfg.eos_token_id
         self.vocab_size = self.model.cfg.vocab_size
-        self.runner = ModelRunner(self.model, settings)
-        self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
-        # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
-        self.source_slots = SourceSlots(settings.lanes)
-        batcher_args = dict(
-            lanes=settings.lanes, max_seq_len=settings.max_seq_len, prefill_chunk=self.runner.chunk,
-            max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,
-            detokenize=self.tokenizer.decode if self.tokenizer else None,
+        self.connector = connector
+        if connector is not None:
+            connector.bind(self.kv)
+        self.batcher = Batcher(
+            self.runner, self.kv, lanes=settings.lanes, max_seq_len=settings.max_seq_len,
+            prefill_chunk=self.runner.chunk, max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,
+            detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
         )
-        if settings.local_prefill:
-            self.batcher = Batcher(self.runner, self.kv, **batcher_args)
-        else:
-            from atom_engine.pd.remote import RemoteBatcher
-
-            self.batcher = RemoteBatcher(self.runner, self.kv, remote=remote, slots=self.source_slots,
-                                         prefetch_next=settings.prefetch_next, **batcher_args)
         self._step_lock = threading.Lock()
+
+    def warm(self) -> None:
+        """Run the graphs once before serving, so the first request does not pay for it. Decode writes into a
+        free block (its contents mean nothing until a prefill or import overwrites them), prefill into scratch."""
+        probe = Sequence("warm-up", [0], SamplingParams(max_tokens=1), block=self.kv.free[0])
+        self.runner.decode([probe] + [None] * (self.settings.lanes - 1))
+        if self.settings.local_prefill:
+            self.runner.prefill_logits(SCRATCH_BLOCK, 0, [0])
 
     # -- requests --------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
@@ -120,18 +116,11 @@ class LLMEngine:
         return [self.output(s) for s in seqs]
 
     # -- observability ---------------------------------------------------------------------------
-    def stats(self) -> dict[str, int | float]:
-        counts = self.kv.counts()
+    def stats(self) -> dict[str, float]:
+        """Each component's own figures: the KV blocks', the batcher's, the runner's and the connector's."""
         return {
-            "kv_blocks": self.kv.kv_blocks,
-            "free_blocks": counts["free"],
-            "lane_blocks": counts["lanes"],
-            "cached_blocks": counts["cached"],
-            "prefix_cache_queries": self.kv.queries,
-            "prefix_cache_hits": self.kv.hits,
-            "prefix_cache_hit_tokens": self.kv.hit_tokens,
-            "waiting": len(self.batcher.waiting),
-            "running": len(self.batcher.running()),
+            **self.kv.stats(),
+            **self.batcher.stats(),
             "forward_seconds": self.runner.forward_seconds,
-            **self.batcher.counters,
+            **(self.connector.stats() if self.connector is not None else {}),
         }

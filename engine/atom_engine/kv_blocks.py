@@ -171,6 +171,13 @@ class KVBlocks:
     def counts(self) -> dict[str, int]:
         return {"free": len(self.free), "lanes": len(self.lanes), "cached": len(self.cache), "scratch": 1}
 
+    def stats(self) -> dict[str, float]:
+        """Where the blocks are, the share held by lanes (scratch excluded), and the prefix cache's counters."""
+        return {"kv_blocks": self.kv_blocks, "free_blocks": len(self.free), "lane_blocks": len(self.lanes),
+                "cached_blocks": len(self.cache), "pinned_blocks": len(self.pins),
+                "kv_usage": len(self.lanes) / max(1, self.kv_blocks - 1), "prefix_cache_queries": self.queries,
+                "prefix_cache_hits": self.hits, "prefix_cache_hit_tokens": self.hit_tokens}
+
     def check_invariant(self) -> None:
         """free + lanes + cached + scratch == kv_blocks, every block in exactly one place, pins on entries."""
         places = [*self.free, *self.lanes.values(), *self.cache.values(), self.scratch]

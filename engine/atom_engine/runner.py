@@ -9,6 +9,7 @@ import torch
 
 from atom_engine.artifacts import build_backend
 from atom_engine.kv_blocks import SCRATCH_BLOCK
+from atom_engine.kv_connector import LoadedKV
 from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.sampling import prompt_logprobs, sample, sample_batch
 from atom_engine.sequence import Sequence
@@ -78,6 +79,15 @@ class ModelRunner:
         self.backend.copy_block(src, dst)
 
     # -- for PD disaggregation: one block's KV (positions start..end) out of and into the backend's cache -----
+    @torch.inference_mode()
+    def load_kv(self, seq: Sequence, loaded: LoadedKV) -> int:
+        """A shipment into the lane's block, and the first output token from its logits (the request's own
+        generator, so seeded sampling is the same as after a local prefill)."""
+        self.import_kv(seq.block, loaded.start, loaded.k, loaded.v)
+        if seq.params.prompt_logprobs is not None:  # scored by the worker (the whole prompt: no cache lookup)
+            seq.prompt_logprobs = loaded.prompt_logprobs
+        return sample(loaded.logits, seq)
+
     @torch.inference_mode()
     def export_kv(self, block: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_span(block, start, end)

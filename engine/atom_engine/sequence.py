@@ -88,12 +88,13 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-class RequestRejected(ValueError):
-    """The request can never be served as asked (an HTTP 400)."""
+class FinishReason(enum.StrEnum):
+    """Why a request ended (OpenAI's ``finish_reason``, plus vLLM-style "cancelled" and "error")."""
 
-
-class QueueFull(RuntimeError):
-    """The waiting queue is at maxWaiting (an HTTP 429)."""
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens
+    CANCELLED = "cancelled"  # the client left
+    ERROR = "error"  # the request failed: Sequence.failure says why
 
 
 class Status(enum.Enum):
@@ -114,8 +115,9 @@ class Sequence:
     block: int | None = None
     computed: int = 0  # tokens whose KV is in the block (positions 0 .. computed-1)
     cached_tokens: int = 0  # of them, copied from the prefix cache
-    finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
-    error: str | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # "<exception type>: <message>" of failure
+    failure: Exception | None = None  # what ended the request with FinishReason.ERROR
     stop_text: str | None = None  # the text up to (excluding) a matched stop string or stop token
     stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string that ended it (not EOS)
     eos_token_id: int | None = None  # the model's, for min_tokens (set by the batcher)
@@ -136,6 +138,12 @@ class Sequence:
         return self.output[-1] if self.output else self.prompt[-1]
 
     @property
+    def cacheable_prompt(self) -> list[int]:
+        """The prompt to look up in the prefix cache; nothing for prompt logprobs, which need every prompt
+        token's logits (vLLM computes them again too)."""
+        return [] if self.params.prompt_logprobs is not None else self.prompt
+
+    @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
@@ -147,6 +155,7 @@ class StepOutput:
     request_id: str
     new_tokens: tuple[int, ...]
     finished: bool
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     text: str = ""  # the output text this step adds to a stream (see atom_engine.detokenizer)
+    failure: Exception | None = None  # the exception behind FinishReason.ERROR (typed, for the server's status)

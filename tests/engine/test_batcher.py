@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from atom_engine import limits
 from atom_engine.batcher import Batcher
+from atom_engine.errors import QueueFull, RequestRejected
 from atom_engine.kv_blocks import KVBlocks
-from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, Status
+from atom_engine.sequence import SamplingParams, Sequence, Status
 
 from tests.engine.fake_runner import FakeRunner, reference
 

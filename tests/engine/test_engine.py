@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from atom_engine import limits
 from atom_engine.engine import LLMEngine
-from atom_engine.sequence import RequestRejected, SamplingParams
+from atom_engine.errors import RequestRejected
+from atom_engine.sequence import SamplingParams
 from atom_engine.settings import EngineSettings
 
 PROMPT = "The scratch block pads empty lanes."

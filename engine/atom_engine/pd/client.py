@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from atom_engine.errors import KVUnavailable
 from atom_engine.pd.wire import CorruptTransfer, Expect, Shipment, read_frame
 
 log = logging.getLogger("atom_engine.pd")
@@ -36,7 +37,7 @@ log = logging.getLogger("atom_engine.pd")
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
-class PrefillUnavailable(RuntimeError):
+class PrefillUnavailable(KVUnavailable):
     """No prefill worker produced the KV (HTTP 503 for the request)."""
 
 
@@ -66,6 +67,10 @@ class ClientStats:
     bytes_received: int = 0
     transfer_seconds: float = 0.0  # from the first byte of a frame to its last
     per_worker: dict[str, int] = field(default_factory=dict)
+
+    def as_stats(self) -> dict[str, float]:
+        return {"pd_bytes_received": self.bytes_received, "pd_transfer_seconds": self.transfer_seconds,
+                "pd_attempts": self.attempts, "pd_retries": self.retries, "pd_failures": sum(self.failures.values())}
 
 
 async def resolve_host(host: str, port: int) -> list[str]:

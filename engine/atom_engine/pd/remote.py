@@ -1,15 +1,16 @@
-"""Remote-only prefill on the decode side: the batcher never prefills, it imports KV that workers ship.
+"""Remote-only prefill on the decode side: the KV connector (see :mod:`atom_engine.kv_connector`) that has
+prefill workers compute a lane's prompt KV and ship it here; the batcher never prefills, the runner imports.
 
 Threads: the batcher steps in the engine's worker thread; fetches run on the server's event loop. A fetch is a
 ``concurrent.futures.Future`` (``asyncio.run_coroutine_threadsafe``), its payload lands in a reserved source
-slot's staging buffer, and the batcher imports it into the lane's block at a later step. Slot bookkeeping is
+slot's staging buffer, and the runner imports it into the lane's block at a later step. Slot bookkeeping is
 shared by both threads, so it is done under ``_slot_lock``.
 
 Lifecycle of a shipment (docs/design.md, "PD disaggregation" and "B1 prefetch"):
 - the lane is admitted (prefix-cache copy first), a source slot is reserved (or the lane waits for one), and
   the fetch of the uncached suffix starts;
-- when the fetch is done the KV is imported into the lane's block, the first token is sampled from the shipped
-  logits, and the slot is released;
+- when the fetch is done the runner imports the KV into the lane's block and samples the first token from the
+  shipped logits, and the slot is released;
 - when the request ends first (cancel, error), the lane and its block go at once, but the slot stays reserved
   until the fetch (the producer) completes, since it may still be writing into the slot; fetches are bounded
   by the client's timeouts, so nothing waits forever.
@@ -29,12 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from atom_engine.batcher import Batcher
 from atom_engine.kv_blocks import Allocation, KVBlocks, SourceSlots
+from atom_engine.kv_connector import LoadedKV
 from atom_engine.pd.client import PrefillClient
 from atom_engine.pd.wire import Expect, Shipment
-from atom_engine.sampling import sample
-from atom_engine.sequence import Sequence, Status, StepOutput
+from atom_engine.sequence import FinishReason, Sequence, Status
 
 log = logging.getLogger("atom_engine.pd")
 
@@ -83,40 +83,42 @@ class Transfer:
     source: int | None = None  # a prefetch's pinned prefix-cache entry, until the lane copies from it
 
 
-class RemoteBatcher(Batcher):
-    def __init__(self, runner: Any, kv: KVBlocks, *, remote: RemotePrefill, slots: SourceSlots,
-                 prefetch_next: bool = False, **kwargs: Any) -> None:
-        super().__init__(runner, kv, **kwargs)
+class RemoteConnector:
+    """The decode side's :class:`~atom_engine.kv_connector.KVConnector`: every prompt's KV (after the prefix the
+    lane's block copied from the cache) comes from a prefill worker; B1 prefetch is its policy."""
+
+    def __init__(self, remote: RemotePrefill, *, slots: SourceSlots, prefetch_next: bool = False) -> None:
         self.remote = remote
         self.slots = slots
         self.prefetch_next = prefetch_next
+        self.kv: KVBlocks | None = None  # the engine's blocks, for a prefetch's prefix lookup (bind)
         self.transfers: dict[str, Transfer] = {}
+        self._imports: dict[str, tuple[Transfer, Shipment]] = {}  # handed to the lane, its slot still held
         self.prefetch_id: str | None = None  # at most one prefetch; held until imported or its producer is done
         self._slot_lock = threading.Lock()  # slots and prefetch_id: released from the event loop's thread too
-        self.counters.update({
+        self.counters = {
             "remote_prefills": 0, "remote_prefill_tokens": 0, "kv_bytes_imported": 0, "prefetch_started": 0,
             "prefetch_hits": 0, "prefetch_cancelled": 0, "prefetch_failed": 0, "prefetch_cached_tokens": 0,
-        })
+        }
 
-    # -- idle, slots ------------------------------------------------------------------------------
-    def has_work(self) -> bool:
+    def bind(self, kv: KVBlocks) -> None:
+        """The engine's KV blocks, where a prefetch pins the prompt's cached prefix."""
+        self.kv = kv
+
+    # -- state ------------------------------------------------------------------------------------
+    def busy(self) -> bool:
         with self._slot_lock:
-            held = self.slots.held() > 0 or self.prefetch_id is not None
-        return held or super().has_work()
+            return self.slots.held() > 0 or self.prefetch_id is not None
 
     def prefetch_ready(self) -> bool:
         """A prefetched shipment has arrived and waits for its lane (its slot stays reserved until then)."""
         t = self.transfers.get(self.prefetch_id or "")
         return t is not None and t.prefetched and t.future.done()
 
-    def slots_held(self) -> int:
+    def stats(self) -> dict[str, float]:
         with self._slot_lock:
-            return self.slots.held()
-
-    def waiting_on_transfers(self) -> bool:
-        """No lane can run a step now: every busy lane waits for a shipment (the engine loop may sleep)."""
-        busy = self.running()
-        return not busy or all(s.status is Status.PREFILL for s in busy)
+            held = self.slots.held()
+        return {**self.counters, "slots_held": held, "prefetch_ready": 1.0 if self.prefetch_ready() else 0.0}
 
     def _reserve(self, request_id: str) -> int | None:
         with self._slot_lock:
@@ -129,78 +131,83 @@ class RemoteBatcher(Batcher):
                 self.prefetch_id = None
         self.remote.wakeup()
 
-    # -- the step ---------------------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
-        out = super().step()
-        if self.prefetch_next:
-            self._prefetch()
-        return out
-
-    def _allocate(self, seq: Sequence) -> Allocation:
+    # -- the scheduler side -----------------------------------------------------------------------
+    def allocate(self, seq: Sequence) -> Allocation | None:
         t = self.transfers.get(seq.id)
         if t is None or not t.prefetched:
-            return self.kv.allocate(seq.id, self.cacheable_prompt(seq))
+            return None
+        kv = self.kv
+        assert kv is not None, "RemoteConnector.bind() was not called"
         if t.source is None:
-            return self.kv.allocate(seq.id)  # the prefetch ships the whole prompt: no lookup, no copy
-        alloc = self.kv.allocate_from(seq.id, t.source, t.start)
-        t.source = None  # the pin now belongs to the allocation, which _admit unpins after the copy
+            return kv.allocate(seq.id)  # the prefetch ships the whole prompt: no lookup, no copy
+        alloc = kv.allocate_from(seq.id, t.source, t.start)
+        t.source = None  # the pin now belongs to the allocation, which the batcher unpins after the copy
         return alloc
 
-    def _prefill(self, out: list[StepOutput]) -> None:
-        for seq in self.running():
-            if seq.status is not Status.PREFILL:
-                continue
-            t = self.transfers.get(seq.id)
-            if t is None:
-                slot = self._reserve(seq.id)
-                if slot is None:
-                    continue  # every slot is busy: try again next step
-                t = self.transfers[seq.id] = Transfer(
-                    self.remote.submit(seq.id, seq.prompt, seq.computed, slot, seq.params.prompt_logprobs), slot,
-                    seq.computed)
-                self.counters["remote_prefills"] += 1
-            if not t.future.done():
-                continue
-            del self.transfers[seq.id]
-            try:
-                self._import(seq, t, out)
-            except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
-                if t.prefetched:
-                    self.counters["prefetch_failed"] += 1
-                self._fail(seq, exc, out)
-            finally:
-                self._producer_done(seq.id)  # the slot is free only now, after the import
+    def poll(self, seq: Sequence) -> LoadedKV | None:
+        t = self.transfers.get(seq.id)
+        if t is None:
+            slot = self._reserve(seq.id)
+            if slot is None:
+                return None  # every slot is busy: try again next step
+            t = self.transfers[seq.id] = Transfer(
+                self.remote.submit(seq.id, seq.prompt, seq.computed, slot, seq.params.prompt_logprobs), slot,
+                seq.computed)
+            self.counters["remote_prefills"] += 1
+        if not t.future.done():
+            return None
+        del self.transfers[seq.id]
+        try:
+            ship: Shipment = t.future.result()  # raises the fetch's error
+        except BaseException:
+            self._release(seq.id, t, ok=False)
+            raise
+        self._imports[seq.id] = (t, ship)
+        return LoadedKV(ship.start, ship.token_ids, ship.k, ship.v, ship.logits, ship.prompt_logprobs,
+                        ship.payload_bytes)
 
-    def _import(self, seq: Sequence, t: Transfer, out: list[StepOutput]) -> None:
-        ship: Shipment = t.future.result()  # raises the fetch's error
-        if t.start != seq.computed:
-            raise RuntimeError(f"shipment starts at {t.start}, the lane's block has {seq.computed} tokens")
-        self.runner.import_kv(seq.block, t.start, ship.k, ship.v)
-        if seq.params.prompt_logprobs is not None:  # scored by the worker (the whole prompt: no cache lookup)
-            seq.prompt_logprobs = ship.prompt_logprobs
-        token = sample(ship.logits, seq)
-        self.counters["remote_prefill_tokens"] += len(ship.token_ids)
-        self.counters["kv_bytes_imported"] += ship.payload_bytes
+    def release(self, seq: Sequence, ok: bool) -> None:
+        t, ship = self._imports.pop(seq.id)
+        if ok:
+            self.counters["remote_prefill_tokens"] += len(ship.token_ids)
+            self.counters["kv_bytes_imported"] += ship.payload_bytes
+        self._release(seq.id, t, ok=ok)
+
+    def _release(self, request_id: str, t: Transfer, *, ok: bool) -> None:
         if t.prefetched:
-            self.counters["prefetch_hits"] += 1
-        seq.computed = len(seq.prompt)
-        seq.status = Status.DECODE
-        self._append(seq, token, out)
+            self.counters["prefetch_hits" if ok else "prefetch_failed"] += 1
+        self._producer_done(request_id)  # the slot is free only now, after the import
 
-    def _prefetch(self) -> None:
+    def request_finished(self, seq: Sequence, reason: FinishReason) -> None:
+        t = self.transfers.pop(seq.id, None)
+        if t is None:
+            return
+        # Ended before its import: the slot waits for the producer.
+        if t.source is not None:
+            assert self.kv is not None
+            self.kv.unpin(t.source)
+            t.source = None
+        if t.prefetched:
+            self.counters["prefetch_cancelled" if reason is FinishReason.CANCELLED else "prefetch_failed"] += 1
+        t.future.add_done_callback(lambda _f, rid=seq.id: self._producer_done(rid))
+
+    def after_step(self, lanes: list[Sequence | None], next_waiting: Sequence | None) -> None:
         """B1: ship the head of the queue while every lane decodes, one prefetch at a time."""
-        if any(s is None or s.status is not Status.DECODE for s in self.lanes):
+        if not self.prefetch_next or next_waiting is None:
+            return
+        if any(s is None or s.status is not Status.DECODE for s in lanes):
             return
         with self._slot_lock:
-            if self.prefetch_id is not None or not self.waiting:
+            if self.prefetch_id is not None:
                 return
-            head = self.waiting[0]
+        head = next_waiting
         if head.id in self.transfers:
             return
         slot = self._reserve(head.id)
         if slot is None:
             return
-        pinned = self.kv.pin_prefix(self.cacheable_prompt(head))
+        assert self.kv is not None, "RemoteConnector.bind() was not called"
+        pinned = self.kv.pin_prefix(head.cacheable_prompt)
         source, start = pinned if pinned is not None else (None, 0)
         with self._slot_lock:
             self.prefetch_id = head.id
@@ -211,16 +218,3 @@ class RemoteBatcher(Batcher):
         self.counters["prefetch_cached_tokens"] += start
         self.counters["remote_prefills"] += 1
         log.info("event=prefetch_started request_id=%s cached_tokens=%d", head.id, start)
-
-    # -- outcomes ---------------------------------------------------------------------------------
-    def _finish(self, seq: Sequence, reason: str, out: list[StepOutput], new: tuple[int, ...] = ()) -> None:
-        t = self.transfers.pop(seq.id, None)
-        if t is not None:  # ended before its import: the slot waits for the producer
-            if t.source is not None:
-                self.kv.unpin(t.source)
-                t.source = None
-            if t.prefetched:
-                key = "prefetch_cancelled" if reason == "cancelled" else "prefetch_failed"
-                self.counters[key] += 1
-            t.future.add_done_callback(lambda _f, rid=seq.id: self._producer_done(rid))
-        super()._finish(seq, reason, out, new)

@@ -12,10 +12,12 @@ import threading
 
 import torch
 
-from atom_engine.kv_blocks import KVBlocks
+from atom_engine.errors import RequestRejected
+from atom_engine.kv_blocks import SCRATCH_BLOCK
+from atom_engine.model_stack import ModelStack
 from atom_engine.pd.wire import Shipment
 from atom_engine.sampling import prompt_logprobs as score_prompt
-from atom_engine.sequence import RequestRejected, TokenLogprob
+from atom_engine.sequence import TokenLogprob
 from atom_engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -23,25 +25,23 @@ log = logging.getLogger(__name__)
 
 class PrefillWorker:
     def __init__(self, settings: EngineSettings) -> None:
-        from atom_engine.model.loader import load_model
-        from atom_engine.runner import ModelRunner
-
         self.settings = settings
-        self.model, self.tokenizer = load_model(settings.model_source, max_seq_len=settings.max_seq_len,
-                                                dtype=settings.dtype, seed=settings.seed)
         # One block at a time (the lock below) plus scratch: the operator gives prefill pods lanes 1, kvBlocks 2.
-        self.runner = ModelRunner(self.model, settings)
-        self.kv = KVBlocks(settings.kv_blocks, prefix_cache=settings.prefix_cache)
+        stack = ModelStack.load(settings)
+        self.model, self.tokenizer, self.runner, self.kv = stack.model, stack.tokenizer, stack.runner, stack.kv
         self.vocab_size = self.model.cfg.vocab_size
         self._lock = threading.Lock()  # one model: one prefill at a time
         self._ids = itertools.count()
         self.counters = {"prefills": 0, "prefill_tokens_computed": 0, "shipped_tokens": 0, "prefill_failures": 0,
                          "skipped_gone": 0}
 
+    def stats(self) -> dict[str, float]:
+        kv = self.kv.stats()
+        return {**{k: kv[k] for k in ("kv_blocks", "free_blocks", "cached_blocks", "lane_blocks")},
+                "prefill_tokens_computed": self.counters["prefill_tokens_computed"]}
+
     def warm(self) -> None:
         """Run the prefill graph once on the scratch block (touches no request's block)."""
-        from atom_engine.kv_blocks import SCRATCH_BLOCK
-
         self.runner.prefill_logits(SCRATCH_BLOCK, 0, [0])
 
     def validate(self, tokens: list[int], start: int) -> None:

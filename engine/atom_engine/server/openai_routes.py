@@ -24,7 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from atom_engine.engine import LLMEngine
-from atom_engine.sequence import QueueFull, RequestRejected, SamplingParams, Sequence, StepOutput, TokenLogprob
+from atom_engine.errors import ContextTooLong, KVUnavailable, QueueFull, RequestRejected
+from atom_engine.sequence import FinishReason, SamplingParams, Sequence, StepOutput, TokenLogprob
 from atom_engine.server.chat import ChatTemplate
 from atom_engine.server.engine_loop import AsyncEngine, EngineDead
 from atom_engine.server.errors import ApiError, error_body
@@ -40,7 +41,6 @@ from atom_engine.server.protocol import (
 )
 
 log = logging.getLogger("atom_engine.server")
-PREFILL_UNAVAILABLE = "PrefillUnavailable"
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -80,10 +80,10 @@ class OpenAIRoutes:
         self.chat_template = ChatTemplate(engine.settings.model_source)
         self.rejected = 0
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
-                web.get("/v1/models", self.models), web.post("/tokenize", self.tokenize),
-                web.post("/detokenize", self.detokenize), web.get("/tokenizer_info", self.tokenizer_info)]
+    # method, path, handler: the server registers these (answering 503 until the model is loaded)
+    ROUTES = (("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
+              ("GET", "/v1/models", "models"), ("POST", "/tokenize", "tokenize"),
+              ("POST", "/detokenize", "detokenize"), ("GET", "/tokenizer_info", "tokenizer_info"))
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atom",
@@ -222,10 +222,10 @@ class OpenAIRoutes:
                         stream = await streams.enter_async_context(aclosing(self._timed(stream, arrived)))
                         prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
                         choices.append(_Choice(index, seq, stream, prompt_text))
+            except ContextTooLong as exc:
+                raise ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded") from None
             except RequestRejected as exc:
-                context = "maximum context length" in str(exc)
-                raise ApiError(400, str(exc), param="max_tokens" if context else "prompt",
-                               code="context_length_exceeded" if context else "invalid_prompt") from None
+                raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
             except QueueFull as exc:
                 raise ApiError(429, str(exc), code="queue_full") from None
             except EngineDead as exc:
@@ -262,11 +262,13 @@ class OpenAIRoutes:
                     self.metrics.e2e.labels(self.model_name).observe(now - arrived)
                 yield out
 
-    def _failure(self, call: _Call, error: str | None) -> ApiError:
-        log.warning("event=request_failed request_id=%s error=%r", call.rid, error)
-        if error and error.startswith(PREFILL_UNAVAILABLE):
-            return ApiError(503, error, code="prefill_unavailable")
-        return ApiError(500, error or "the request failed", code="internal_error")
+    def _failure(self, call: _Call, out: StepOutput) -> ApiError:
+        """A failed request's answer: 503 when the prompt's KV could not be brought (no prefill worker), else
+        500."""
+        log.warning("event=request_failed request_id=%s error=%r", call.rid, out.error)
+        if isinstance(out.failure, KVUnavailable):
+            return ApiError(503, out.error or "the prompt's KV is unavailable", code="prefill_unavailable")
+        return ApiError(500, out.error or "the request failed", code="internal_error")
 
     # -- whole responses --------------------------------------------------------------------------
     async def _whole(self, call: _Call) -> web.Response:
@@ -280,8 +282,8 @@ class OpenAIRoutes:
             raise ApiError(503, str(exc), code="engine_dead") from None
         for c in call.choices:
             assert c.finish is not None and c.finish.finished
-            if c.finish.finish_reason == "error":
-                raise self._failure(call, c.finish.error)
+            if c.finish.finish_reason is FinishReason.ERROR:
+                raise self._failure(call, c.finish)
         body = {**self._head(call), "choices": [self._final_choice(call, c) for c in call.choices],
                 "usage": self._usage(call)}
         if call.req.return_token_ids and len(call.choices) == 1:
@@ -346,8 +348,8 @@ class OpenAIRoutes:
         try:
             try:
                 async for c, out in _merge(call.choices):
-                    if out.finished and out.finish_reason == "error":
-                        error = self._failure(call, out.error)
+                    if out.finished and out.finish_reason is FinishReason.ERROR:
+                        error = self._failure(call, out)
                         if resp is None:
                             return error.response()
                         await send(error_body(error.status, error.message, code=error.code))

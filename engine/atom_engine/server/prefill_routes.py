@@ -11,14 +11,17 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from atom_engine.pd import wire
+from atom_engine.errors import RequestRejected
 from atom_engine.pd.faults import Faults
-from atom_engine.pd.worker import PrefillWorker
-from atom_engine.sequence import MAX_LOGPROBS, RequestRejected
+from atom_engine.sequence import MAX_LOGPROBS
 from atom_engine.server.errors import error_response
+
+if TYPE_CHECKING:  # torch: imported once the server loads the worker, not before it listens
+    from atom_engine.pd.worker import PrefillWorker
 
 log = logging.getLogger("atom_engine.prefill")
 WRITE_PIECE = 1 << 20
@@ -33,8 +36,12 @@ class PrefillService:
         self.counters = {"requests": 0, "sends_started": 0, "sends_completed": 0, "sends_failed": 0,
                          "bytes_sent": 0}
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/kv/prefill", self.prefill)]
+    ROUTES = (("POST", "/v1/kv/prefill", "prefill"),)  # method, path, handler: the server registers these
+
+    def stats(self) -> dict[str, float]:
+        return {"prefill_requests": self.counters["requests"], "prefill_bytes_sent": self.counters["bytes_sent"],
+                "prefill_sends_started": self.counters["sends_started"],
+                "prefill_sends_failed": self.counters["sends_failed"]}
 
     async def prefill(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -66,6 +73,8 @@ class PrefillService:
             log.warning("event=prefill_failed request_id=%s error=%r", rid, exc)
             return error_response(500, f"prefill failed: {exc}", err_type="internal_error", code="prefill_failed")
         assert ship is not None
+        from atom_engine.pd import wire
+
         head, parts = wire.encode(ship)
         if Faults.matches(self.faults.corrupt_marker, tokens):
             broken = bytearray(parts[0])

@@ -10,6 +10,9 @@ if TYPE_CHECKING:
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 DTypeName = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]  # the settings' field: these names only
+# What an AtomDeployment may ask for: float64 is for the engine's own exactness tests, never a deployment.
+DEPLOYABLE = tuple(name for name in DTYPE_BYTES if name != "float64")
+DeployableDType = Literal[DEPLOYABLE]  # type: ignore[valid-type]
 
 
 def torch_dtype(name: str) -> torch.dtype:

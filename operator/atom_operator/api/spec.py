@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from atom_engine import limits
+from atom_engine.dtypes import DeployableDType
 from atom_engine.model.builtin import BUILTIN_MODELS, SOURCE_PATTERN
 from atom_engine.settings import EngineSettings, Role
 from pydantic import Field, model_validator
@@ -58,7 +59,7 @@ class ModelSpec(Strict):
         description="Longest sequence (prompt + generated tokens) one KV block holds; compiled into the graphs."
         f" {limits.MAX_SEQ_LEN_MIN}..{limits.MAX_SEQ_LEN_MAX}.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+    dtype: DeployableDType | None = Field(
         None,
         description="Precision of the weights and the KV cache, the same in every role (the KV crosses from prefill"
         " to decode pods). Default: bfloat16 when a role runs on an NPU backend (ATOM and RNGD run half"

@@ -23,13 +23,9 @@ import argparse
 import bisect
 import concurrent.futures
 import datetime as dt
-import http.client
-import json
 import os
 import re
-import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +34,10 @@ from pathlib import Path
 
 from atom_localcluster.cluster import Cluster, atom_node, rngd_node
 from atom_localcluster.operator import USER, OperatorProcess
+from atom_operator.api import GROUP, PLURAL, VERSION
+from kubernetes.client import CustomObjectsApi
+from kubernetes.config import new_client_from_config
+from kubernetes.watch import Watch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,54 +65,49 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+def api(cluster: Cluster) -> CustomObjectsApi:
+    """The AtomDeployments' API as the cluster's admin (its kubeconfig), on one client of the kept library."""
+    return CustomObjectsApi(new_client_from_config(str(cluster.kubeconfig)))
+
+
 class ReadyWatch(threading.Thread):
     """Streams the AtomDeployments' watch events and stamps when each first reports Ready."""
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)
         self.ready: dict[str, float] = {}
-        cmd = [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", "atomdeployments", "-n",
-               NAMESPACE, "-w", "-o", "json"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.api, self.watch, self.stopped = api(cluster), Watch(), False
 
     def run(self) -> None:
-        decoder, buf = json.JSONDecoder(), ""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            buf += line
-            while buf.strip():
-                try:
-                    obj, end = decoder.raw_decode(buf.lstrip())
-                except ValueError:
-                    break
-                buf = buf.lstrip()[end:]
+        events = self.watch.stream(self.api.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL)
+        try:
+            for event in events:
+                obj = event["object"]
                 conds = (obj.get("status") or {}).get("conditions") or []
                 if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                     self.ready.setdefault(obj["metadata"]["name"], time.time())
+        except Exception:
+            if not self.stopped:  # after stop() the cluster goes away under the open watch
+                raise
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.watch.stop()
 
 
 def create_all(cluster: Cluster, n: int, rate: float) -> None:
-    """POST the N objects as the admin over 8 kept-alive connections; with ``rate``, object i goes at i/rate s.
+    """Create the N objects as the admin from 8 threads over kept-alive connections; with ``rate``, object i goes
+    at i/rate s.
 
     Not ``kubectl apply``: it sends a GET before every create and starts a process per batch, which on a busy
     2-core machine made the client itself the slowest part (32-156 s for 500 creates)."""
-    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
-    ctx.load_cert_chain(str(cluster.admin_pair.cert), str(cluster.admin_pair.key))
-    host = cluster.server.removeprefix("https://")
-    url = f"/apis/serving.atom.dev/v1alpha1/namespaces/{NAMESPACE}/atomdeployments"
-    local = threading.local()
+    client = api(cluster)
     start = time.monotonic()
 
     def send(i: int) -> None:
         if rate:
             time.sleep(max(0.0, start + i / rate - time.monotonic()))
-        if not hasattr(local, "conn"):
-            local.conn = http.client.HTTPSConnection(host, context=ctx, timeout=120)
-        local.conn.request("POST", url, json.dumps(manifest(i)), {"Content-Type": "application/json"})
-        resp = local.conn.getresponse()
-        body = resp.read()
-        if resp.status != 201:
-            raise RuntimeError(f"create llm-{i:04d}: {resp.status} {body[:300]!r}")
+        client.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, manifest(i), _request_timeout=120)
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(send, range(n)))
@@ -206,7 +201,7 @@ def main() -> int:
         time.sleep(args.idle)
         idle_writes = len([w for w in cluster.write_requests() if w["user"]["username"] == USER]) - before
         peak = rss_peak_mb(op.proc.pid)
-        watch.proc.terminate()
+        watch.stop()
         op.stop()
     rows = [
         ("AtomDeployments (1/3 with an RNGD prefill worker)", f"{n}"),

@@ -9,10 +9,11 @@ away; where a field we own whole still holds someone else's entries after it, a 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Literal
+
+from kubernetes.utils import parse_quantity
 
 from atom_operator import ownership
 from atom_operator.cache import ChildCache
@@ -115,22 +116,6 @@ def _empty(value: Any) -> bool:
     return value is None or value == {} or value == []
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i|[numkMGTPE])?$")
-_FACTORS = {
-    "": 1,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    **{s + "i": 1024 ** (i + 1) for i, s in enumerate("KMGTPE")},
-}
-
-
 def same_quantity(a: Any, b: Any) -> bool:
     """The API server rewrites quantities canonically (1000m -> 1, 2048Mi -> 2Gi); compare their values."""
     x, y = _quantity(a), _quantity(b)
@@ -140,10 +125,8 @@ def same_quantity(a: Any, b: Any) -> bool:
 def _quantity(value: Any) -> Decimal | None:
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
-    match = _QUANTITY.match(str(value))
-    if not match:
-        return None
     try:
-        return Decimal(match.group(1)) * _FACTORS[match.group(2) or ""]
-    except InvalidOperation:
+        parsed = parse_quantity(value)
+    except (ValueError, ArithmeticError):
         return None
+    return parsed if parsed.is_finite() else None  # Decimal also reads "NaN" and "Infinity"; no quantity is either

@@ -9,16 +9,35 @@ missing here does not exist.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 Ref = tuple[str, str, str]  # (kind, namespace, name)
+_ORDERED = re.compile(r"[1-9][0-9]*\Z")
 
 
-def resource_version(body: dict[str, Any]) -> int:
-    try:
-        return int(body["metadata"].get("resourceVersion", 0))
-    except ValueError:  # opaque by contract; etcd's are integers
+def resource_version(body: dict[str, Any]) -> str:
+    return str(body["metadata"].get("resourceVersion", ""))
+
+
+def compare_versions(a: str, b: str) -> int | None:
+    """-1, 0 or 1 as resourceVersion ``a`` (of one resource) is older than, the same as or newer than ``b``; None
+    when the two cannot be ordered.
+
+    The API's contract makes them opaque, with one exception (KEP-5504, GA in Kubernetes 1.35; client-go's
+    ``CompareResourceVersion``): the versions of one resource that are decimal integers without leading zeros are
+    ordered by value. Those are compared as such, digit strings by length and then digit by digit; anything else
+    only for equality."""
+    if a == b:
         return 0
+    if not (_ORDERED.match(a) and _ORDERED.match(b)):
+        return None
+    return 1 if (len(a), a) > (len(b), b) else -1
+
+
+def newer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether object ``a`` is known to be a later version than ``b`` (of the same object)."""
+    return compare_versions(resource_version(a), resource_version(b)) == 1
 
 
 def ref_of(kind: str, body: dict[str, Any]) -> Ref:
@@ -39,7 +58,7 @@ class ChildCache:
         """Take a watch event; False when it tells nothing new (our own write's echo, or older than what we have)."""
         ref = ref_of(kind, body)
         old = self._objects.get(ref)
-        if old is not None and resource_version(old) >= resource_version(body):
+        if old is not None and compare_versions(resource_version(old), resource_version(body)) in (0, 1):
             return False
         if event == "DELETED":
             self._objects.pop(ref, None)

@@ -19,7 +19,7 @@ import kopf
 from atom_operator import metrics
 from atom_operator.api import GROUP, KIND
 from atom_operator.artifacts import JobView
-from atom_operator.cache import ChildCache, resource_version
+from atom_operator.cache import ChildCache, compare_versions, newer, resource_version
 from atom_operator.children import Defaults
 from atom_operator.children.meta import APPLIED_HASH
 from atom_operator.informer import Listing, controlled_by
@@ -30,13 +30,6 @@ from atom_operator.status import PodView
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, AtomDeployment name)
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 30.0
-
-
-def _rv(body: dict[str, Any]) -> int:
-    try:
-        return int(body["metadata"].get("resourceVersion", 0))
-    except ValueError:  # opaque by contract; etcd's are integers
-        return 0
 
 
 class Controller:
@@ -84,20 +77,22 @@ class Controller:
         then every listed object, as a resync."""
         listed = {(b["metadata"]["namespace"], b["metadata"]["name"]) for b, _ in listing.items}
 
-        def vanished(namespace: str, name: str, version: int) -> bool:
+        def vanished(namespace: str, name: str, version: str = "") -> bool:
             # Newer than the listing: our own write's answer, made after the listing was taken; not a tombstone.
+            # A version that cannot be ordered counts as older: a wrong guess costs one apply that changes nothing.
             in_scope = listing.namespace is None or namespace == listing.namespace
-            return in_scope and (namespace, name) not in listed and version <= listing.resource_version
+            later = compare_versions(version, listing.resource_version) == 1
+            return in_scope and (namespace, name) not in listed and not later
 
         tombstones = 0
         if listing.kind == "AtomDeployment":
             for key, body in list(self.owners.items()):
-                if vanished(*key, _rv(body)):
+                if vanished(*key, resource_version(body)):
                     tombstones += 1
                     self.observe_owner("DELETED", body)
         elif listing.kind == "Pod":
             for key, seen in list(self.observed.items()):
-                for name in [n for n in seen.pods if vanished(key[0], n, 0)]:
+                for name in [n for n in seen.pods if vanished(key[0], n)]:
                     tombstones += 1
                     self._drop_pod(key, name)
         else:
@@ -108,7 +103,7 @@ class Controller:
                     self._vanished_child(listing.kind, body)
             if listing.kind == "Deployment":  # the slim copies status reads, should the cache have lost one
                 for key, seen in list(self.observed.items()):
-                    for name in [n for n in seen.deployments if vanished(key[0], n, 0)]:
+                    for name in [n for n in seen.deployments if vanished(key[0], n)]:
                         seen.deployments.pop(name, None)
                         self._forget_if_gone(key)
                         self.enqueue(key)
@@ -138,7 +133,7 @@ class Controller:
             metrics.OBJECTS.set(len(self.owners))
             return
         old = self.owners.get(key)
-        if old is not None and _rv(old) > _rv(body):
+        if old is not None and newer(old, body):
             return  # our own status patch already stored something newer
         self.owners[key] = body
         metrics.OBJECTS.set(len(self.owners))
@@ -151,7 +146,7 @@ class Controller:
     def observe_deployment(self, event: str | None, body: dict[str, Any], key: Key) -> None:
         name = body["metadata"]["name"]
         known = self.children.get("Deployment", key[0], name)
-        if known is not None and _rv(known) > _rv(body) and event != "DELETED":
+        if known is not None and newer(known, body) and event != "DELETED":
             return  # a late event: the answer to our own write already showed something newer
         news = self.children.seen("Deployment", event, body)
         deployments = self.observed.setdefault(key, Observed()).deployments

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import kopf
 
 from atom_operator import metrics
-from atom_operator.cache import resource_version
 from atom_operator.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ class Listing:
     kind: str
     namespace: str | None
     items: list[tuple[dict[str, Any], Key]]  # (object, its owner's key)
-    resource_version: int
+    resource_version: str  # opaque, as the API server gave it (see atom_operator.cache.compare_versions)
 
 
 class Sink(Protocol):
@@ -96,8 +95,7 @@ class Informer:
         items, version = await self.kube.list(self.kind, self.namespace, self.label_selector)
         mine = [(item, key) for item in items if (key := self.owner_of(item)) is not None]
         self._owners = {(b["metadata"]["namespace"], b["metadata"]["name"]): key for b, key in mine}
-        at = resource_version({"metadata": {"resourceVersion": version}})
-        self.sink.relisted(Listing(self.kind, self.namespace, mine, at))
+        self.sink.relisted(Listing(self.kind, self.namespace, mine, version))
         metrics.RELISTS.labels(self.kind).inc()
         if not self.synced.is_set():
             log.info("informer=%s event=synced objects=%d", self, len(mine))
@@ -107,26 +105,31 @@ class Informer:
     async def _watch(self, version: str) -> None:
         # The server ends the watch after resync_seconds (jittered, so the informers spread their relists).
         timeout = max(1, int(self.resync_seconds * random.uniform(0.9, 1.0)))
-        async for event in self.kube.watch(self.kind, self.namespace, version, timeout, self.label_selector):
-            type_, body = event.get("type"), event.get("object") or {}
-            if type_ == "BOOKMARK":
-                continue
-            if type_ == "ERROR":  # 410 Gone: the version is too old to watch from; a new listing starts over
-                log.info("informer=%s event=watch_expired status=%s", self, body.get("code"))
-                return
-            body.setdefault("kind", self.kind)
-            ref = (body["metadata"]["namespace"], body["metadata"]["name"])
-            key = self.owner_of(body)
+        try:
+            async for event in self.kube.watch(self.kind, self.namespace, version, timeout, self.label_selector):
+                self._deliver(event.get("type"), event.get("object") or {})
+        except ApiError as e:
+            if e.status != 410:
+                raise
+            # 410 Gone: the version is too old to watch from; a new listing starts over
+            log.info("informer=%s event=watch_expired status=%s", self, e.status)
+
+    def _deliver(self, type_: str | None, body: dict[str, Any]) -> None:
+        if type_ == "BOOKMARK":
+            return
+        body.setdefault("kind", self.kind)
+        ref = (body["metadata"]["namespace"], body["metadata"]["name"])
+        key = self.owner_of(body)
+        if key is None:
+            key = self._owners.pop(ref, None)
             if key is None:
-                key = self._owners.pop(ref, None)
-                if key is None:
-                    continue  # not ours, never was
-                type_ = "DELETED"  # no longer ours: to the receiver it is gone
-            elif type_ == "DELETED":
-                self._owners.pop(ref, None)
-            else:
-                self._owners[ref] = key
-            self.sink.event(self.kind, type_, body, key)
+                return  # not ours, never was
+            type_ = "DELETED"  # no longer ours: to the receiver it is gone
+        elif type_ == "DELETED":
+            self._owners.pop(ref, None)
+        else:
+            self._owners[ref] = key
+        self.sink.event(self.kind, type_, body, key)
 
 
 # ---- the filters -----------------------------------------------------------------------------------------------

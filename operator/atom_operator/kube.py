@@ -1,149 +1,138 @@
-"""A small asyncio Kubernetes client on aiohttp, logged in with kopf's own login functions.
+"""The reconciler's Kubernetes client: kubernetes_asyncio's dynamic client, for the few kinds it touches.
 
-kopf ships no client for arbitrary requests; this one knows the few kinds the reconciler touches and turns
-retryable API answers (409, 429, 5xx, connection errors) into :class:`kopf.TemporaryError` with a short delay.
+The objects stay plain dicts, as the API server sends them: the applier compares what it applied with what it reads
+back field by field, and the generated models would drop a field this client's version does not know. The kinds
+are named here once (no discovery round trips at start-up); server-side apply, the watch stream and the error
+types are the library's. What is retryable (409, 429, 5xx, a broken connection) becomes
+:class:`kopf.TemporaryError` with a short delay; every other refusal is an :class:`ApiError` (an
+``ApiException`` of the library's).
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import aiohttp
 import kopf
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.client.rest import RESTResponse
+from kubernetes_asyncio.dynamic import DynamicClient
+from kubernetes_asyncio.dynamic.resource import Resource
+from kubernetes_asyncio.watch import Watch
 
 from atom_operator.api import GROUP, PLURAL, VERSION
 
-# kind -> (API path prefix, plural)
+# kind -> (API group, version, plural); every kind here is namespaced.
 KINDS = {
-    "ConfigMap": ("/api/v1", "configmaps"),
-    "Service": ("/api/v1", "services"),
-    "Event": ("/api/v1", "events"),
-    "Pod": ("/api/v1", "pods"),
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    "Job": ("/apis/batch/v1", "jobs"),
-    "AtomDeployment": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+    "ConfigMap": ("", "v1", "configmaps"),
+    "Service": ("", "v1", "services"),
+    "Event": ("", "v1", "events"),
+    "Pod": ("", "v1", "pods"),
+    "Deployment": ("apps", "v1", "deployments"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+    "Job": ("batch", "v1", "jobs"),
+    "AtomDeployment": (GROUP, VERSION, PLURAL),
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 RETRY_DELAY = 1.0
 TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
+CONNECTIONS = 32  # requests in flight at once (the reconcile workers'); the watches have a pool of their own
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, body: dict[str, Any] | str) -> None:
-        self.status = status
-        self.reason = body.get("reason", "") if isinstance(body, dict) else ""
-        self.message = body.get("message", "") if isinstance(body, dict) else str(body)[:500]
-        super().__init__(f"{status} {self.reason}: {self.message}")
-
-
-@dataclass
-class Failpoint:
-    """Test hook: exit the process right after the n-th successful write into one namespace.
-
-    ``ATOM_FAILPOINT=exit-after-write:<n>:<namespace>`` lets the tests kill the operator at exact points of a
-    create (a SIGKILL from outside could not hit a point between two writes a millisecond apart).
-    """
-
-    after: int
-    namespace: str
-    seen: int = 0
+class ApiError(ApiException):
+    """The library's ApiException for a refused request, told in one line: status, reason, the server's message."""
 
     @classmethod
-    def from_env(cls) -> Failpoint | None:
-        spec = os.environ.get("ATOM_FAILPOINT", "")
-        if not spec.startswith("exit-after-write:"):
-            return None
-        _, n, namespace = spec.split(":", 2)
-        return cls(int(n), namespace)
+    def of(cls, error: ApiException) -> ApiError:
+        out = cls(status=error.status, reason=error.reason)
+        out.body, out.headers = error.body, error.headers
+        return out
 
-    def wrote(self, namespace: str | None) -> None:
-        if namespace == self.namespace:
-            self.seen += 1
-            if self.seen >= self.after:
-                os._exit(137)  # as abrupt as SIGKILL: no cleanup, nothing flushed
+    @property
+    def message(self) -> str:
+        try:
+            return str(json.loads(self.body).get("message") or self.reason)
+        except (TypeError, ValueError, AttributeError):
+            return str(self.body or self.reason)[:500]
 
-
-def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
-    """The object's (or, without a name, the collection's) URL path; ``namespace`` None: every namespace."""
-    prefix, plural = KINDS[kind]
-    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace is not None else f"{prefix}/{plural}"
-    if name:
-        out += f"/{quote(name)}"
-    if subresource:
-        out += f"/{subresource}"
-    return out
+    def __str__(self) -> str:
+        said = self.message
+        return f"{self.status} {self.reason}" + (f": {said}" if said != str(self.reason) else "")
 
 
 class Kube:
-    """Authenticated requests to one API server; writes count towards the failpoint."""
+    """Requests to one API server: a pool for the reconcile workers, another for the long-lived watches."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
-        self.server = info.server.rstrip("/")
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=32, ssl=info.as_ssl_context()),
-            headers={**info.as_http_headers(), "User-Agent": "atom-operator"},
-            timeout=TIMEOUT,
-        )
-        self.failpoint = Failpoint.from_env()
-        self._info = info
-        self._watch_session: aiohttp.ClientSession | None = None
+    def __init__(self, configuration: client.Configuration) -> None:
+        configuration.connection_pool_maxsize = CONNECTIONS
+        self._api = client.ApiClient(configuration)
+        self._api.user_agent = "atom-operator"
+        watching = copy.deepcopy(configuration)
+        watching.connection_pool_maxsize = 0  # unbounded: the watches never take the workers' connections
+        self._watch_api = client.ApiClient(watching)
+        self._watch_api.user_agent = "atom-operator"
+        # Constructed, not awaited: no discovery, as the resources are named in KINDS.
+        self.dynamic, self._watching = DynamicClient(self._api), DynamicClient(self._watch_api)
+        self._resources = {kind: self.resource(kind) for kind in KINDS}
 
     @classmethod
-    async def login(cls, settings: kopf.OperatorSettings) -> Kube:
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials: neither in-cluster nor a kubeconfig")
-        return cls(info)
+    async def login(cls) -> Kube:
+        """In the cluster: its service account (the token re-read as it rotates); outside: the kubeconfig."""
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            try:
+                await config.load_kube_config(client_configuration=configuration)
+            except config.ConfigException as e:
+                raise kopf.PermanentError(f"no Kubernetes credentials: neither in-cluster nor a kubeconfig: {e}") from e
+        return cls(configuration)
+
+    def resource(self, kind: str, watching: bool = False) -> Resource:
+        group, version, plural = KINDS[kind]
+        return Resource(
+            prefix="apis" if group else "api",
+            group=group,
+            api_version=version,
+            kind=kind,
+            name=plural,
+            namespaced=True,
+            client=self._watching if watching else self.dynamic,
+        )
 
     async def close(self) -> None:
-        await self.session.close()
-        if self._watch_session is not None:
-            await self._watch_session.close()
+        await self._api.close()
+        await self._watch_api.close()
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        *,
-        content_type: str = "application/json",
-        params: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
-        if params:
-            url += "?" + urlencode(params)
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
+    async def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # serialize=False: the raw answer, whose status this checks itself. The dynamic client of kubernetes_asyncio
+        # 36.1.0 reads every answer unchecked (its requests skip the REST layer's status check), so a refusal
+        # would come back as if it were the object.
         try:
-            async with self.session.request(method, self.server + url, data=data, headers=headers) as resp:
-                text = await resp.text()
-                status = resp.status
+            response = await method(*args, serialize=False, _request_timeout=TIMEOUT, **kwargs)
+            async with response:
+                data = await response.read()
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise kopf.TemporaryError(f"{method} {url}: {e!r}", delay=RETRY_DELAY) from e
-        payload: Any
-        try:
-            payload = json.loads(text) if text else {}
-        except ValueError:
-            payload = text
-        if status >= 400:
-            error = ApiError(status, payload)
-            if status in RETRY_STATUSES:
-                raise kopf.TemporaryError(f"{method} {url}: {error}", delay=RETRY_DELAY) from error
+            raise kopf.TemporaryError(f"{what}: {e!r}", delay=RETRY_DELAY) from e
+        if response.status >= 400:
+            error = ApiError(http_resp=RESTResponse(response, data))
+            error.body = data.decode(errors="replace")
+            if error.status in RETRY_STATUSES:
+                raise kopf.TemporaryError(f"{what}: {error}", delay=RETRY_DELAY) from error
             raise error
-        return payload
+        return json.loads(data) if data else {}
 
-    def _wrote(self, namespace: str) -> None:
-        if self.failpoint is not None:
-            self.failpoint.wrote(namespace)
+    async def request(self, method: str, path: str, **params: Any) -> dict[str, Any]:
+        """Any request, by URL path (``params`` as the dynamic client's: body, content_type, field_manager, ...)."""
+        return await self._call(f"{method} {path}", self.dynamic.request, method, path, **params)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self.request("GET", path(kind, namespace, name))
+            return await self._call(f"get {kind}", self.dynamic.get, self._resources[kind], name, namespace)
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -151,38 +140,28 @@ class Kube:
 
     async def apply(self, obj: dict[str, Any], manager: str) -> dict[str, Any]:
         """Server-side apply, forced: the fields in ``obj`` become ours; fields we applied before and left out go."""
-        meta = obj["metadata"]
-        out = await self.request(
-            "PATCH",
-            path(obj["kind"], meta["namespace"], meta["name"]),
+        return await self._call(
+            f"apply {obj['kind']}",
+            self.dynamic.server_side_apply,
+            self._resources[obj["kind"]],
             obj,
-            content_type="application/apply-patch+yaml",
-            params={"fieldManager": manager, "force": "true"},
+            field_manager=manager,
+            force_conflicts=True,
         )
-        self._wrote(meta["namespace"])
-        return out
 
     async def patch_status(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        out = await self.request(
-            "PATCH", path(kind, namespace, name, "status"), patch, content_type="application/merge-patch+json"
-        )
-        self._wrote(namespace)
-        return out
+        path = self._resources[kind].path(name, namespace) + "/status"
+        return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
 
     async def patch_json(
         self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]], manager: str
     ) -> dict[str, Any]:
         """A JSON patch (RFC 6902): replaces a whole field, which server-side apply cannot do where the field is
         a granular map or list that another manager added to."""
-        out = await self.request(
-            "PATCH",
-            path(kind, namespace, name),
-            ops,
-            content_type="application/json-patch+json",
-            params={"fieldManager": manager},
+        path = self._resources[kind].path(name, namespace)
+        return await self.request(
+            "PATCH", path, body=ops, content_type="application/json-patch+json", field_manager=manager
         )
-        self._wrote(namespace)
-        return out
 
     async def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete (in the background); False when it was already gone. ``uid``: only that incarnation."""
@@ -190,36 +169,37 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", path(kind, namespace, name), body)
+            await self._call(f"delete {kind}", self.dynamic.delete, self._resources[kind], name, namespace, body=body)
         except ApiError as e:
             if e.status == 404:
                 return False
             raise
-        self._wrote(namespace)
         return True
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = obj["metadata"]
-        out = await self.request("POST", path(obj["kind"], meta["namespace"]), obj)
-        self._wrote(meta["namespace"])
-        return out
+        return await self._call(f"create {obj['kind']}", self.dynamic.create, self._resources[obj["kind"]], obj)
 
     async def list(
         self, kind: str, namespace: str | None, label_selector: str | None = None, page: int = 500
     ) -> tuple[list[dict[str, Any]], str]:
         """Every object of ``kind`` (in pages) and the collection's resourceVersion, the point a watch starts from."""
         items: list[dict[str, Any]] = []
-        params = {"limit": str(page)}
-        if label_selector:
-            params["labelSelector"] = label_selector
+        more: str | None = None
         while True:
-            out = await self.request("GET", path(kind, namespace), params=params)
+            out = await self._call(
+                f"list {kind}",
+                self.dynamic.get,
+                self._resources[kind],
+                namespace=namespace,
+                label_selector=label_selector,
+                limit=page,
+                _continue=more,
+            )
             # A list's items carry no apiVersion and kind; give them those of a single object, as a GET has.
             items.extend({"apiVersion": out.get("apiVersion"), "kind": kind, **i} for i in out.get("items") or [])
             more = (out.get("metadata") or {}).get("continue")
             if not more:
                 return items, (out.get("metadata") or {}).get("resourceVersion", "")
-            params["continue"] = more
 
     async def watch(
         self,
@@ -229,41 +209,28 @@ class Kube:
         timeout_seconds: int,
         label_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """The watch events of ``kind`` after ``resource_version``, until the server ends the watch (after
-        ``timeout_seconds``) or the connection breaks (``kopf.TemporaryError``). Long-lived, so on a session of
-        its own: the watches never take the connections the reconcile workers need."""
-        if self._watch_session is None:
-            self._watch_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ssl=self._info.as_ssl_context()),
-                headers=dict(self.session.headers),
-                # No total limit: a watch lasts timeout_seconds; silence for longer than that means a dead link.
-                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=timeout_seconds + 30),
-            )
-        params = {
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-        }
-        if label_selector:
-            params["labelSelector"] = label_selector
-        url = self.server + path(kind, namespace) + "?" + urlencode(params)
+        """The watch events of ``kind`` after ``resource_version`` (bookmarks included), until the server ends the
+        watch (after ``timeout_seconds``). A broken connection or a refused watch raises ``kopf.TemporaryError``;
+        a version too old to watch from (410 Gone, as an ERROR event) an :class:`ApiError`."""
+        stream = Watch().stream(
+            self.resource(kind, watching=True).get,
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            query_params=[("allowWatchBookmarks", "true")],
+            serialize=False,
+            # No total limit: a watch lasts timeout_seconds; silence for longer than that means a dead link.
+            _request_timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=timeout_seconds + 30),
+        )
         try:
-            async with self._watch_session.get(url) as resp:
-                if resp.status >= 400:
-                    text = await resp.text()
-                    try:
-                        body: Any = json.loads(text)
-                    except ValueError:
-                        body = text
-                    raise kopf.TemporaryError(f"watch {kind}: {ApiError(resp.status, body)}", delay=RETRY_DELAY)
-                buffer = b""
-                # Line by line, whatever the size of an object (aiohttp's readline stops at 64 KiB).
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            yield json.loads(line)
+            async with stream:
+                async for event in stream:
+                    yield {"type": event["type"], "object": event["raw_object"]}
+        except ApiException as e:  # an ERROR event, or the Status of a refused watch
+            error = ApiError.of(e)
+            if e.status == 410:
+                raise error from e
+            raise kopf.TemporaryError(f"watch {kind}: {error}", delay=RETRY_DELAY) from e
         except (TimeoutError, aiohttp.ClientError) as e:
             raise kopf.TemporaryError(f"watch {kind}: {e!r}", delay=RETRY_DELAY) from e

@@ -9,13 +9,15 @@ while they were down.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import kopf
 
 from atom_operator import admission, runtime, webhook
 from atom_operator.api import GROUP, PLURAL, VERSION
+from atom_operator.settings import Settings
+
+SETTINGS = Settings.from_env()  # the environment, read once
 
 
 @kopf.on.startup()
@@ -37,10 +39,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # kopf logs "Handler ... succeeded." at INFO for every index update and admission review, none of them news.
     # Its warnings and errors still show; the reconciler logs one line per reconcile itself.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings.admission.server = webhook.server_from_env()
-    settings.admission.managed = os.environ.get("ATOM_WEBHOOK_MANAGED") or None
+    settings.admission.server = webhook.server(SETTINGS.webhook)
+    settings.admission.managed = SETTINGS.webhook.managed
     # The reconciler: its informers, work queue, API client, and /metrics, /healthz (liveness), /readyz (readiness).
-    memo.runtime = await runtime.start(settings)
+    memo.runtime = await runtime.start(SETTINGS)
 
 
 @kopf.on.cleanup()
@@ -83,7 +85,7 @@ def validate(
 
 # kopf refuses to start a validating handler without a webhook server, so with ATOM_WEBHOOK=off there is none
 # (the CRD's CEL rules still refuse every bad spec; only the webhook's warnings are lost).
-if webhook.enabled():
+if SETTINGS.webhook.enabled:
     kopf.on.validate(
         GROUP, VERSION, PLURAL, id=webhook.HANDLER_ID, operations=["CREATE", "UPDATE"], ignore_failures=True
     )(validate)

@@ -1,40 +1,20 @@
-"""The reconciler's configuration (environment) and its start and stop, called from the kopf startup handler.
-
-Environment:
-  ATOM_ENGINE_IMAGE, ATOM_ENGINE_IMAGE_PULL_POLICY  what spec.image / spec.imagePullPolicy default to.
-  ATOM_ENGINE_RNGD_IMAGE   the image of rngd pods (Dockerfile target engine-rngd), unless prefill.image is set.
-  ATOM_NPU_PROFILE         this cluster's NPU resource names and node selectors, as JSON (the chart's `npu` value;
-                           see atom_operator.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
-  ATOM_NETWORK_POLICY      true: every AtomDeployment gets NetworkPolicies (children/networkpolicy.py).
-  ATOM_RECONCILE_WORKERS   AtomDeployments reconciled at once (default 16; a worker mostly waits on the API
-                           server, so this bounds the operator's requests in flight, not its CPU).
-  ATOM_METRICS_ADDR/PORT   where /metrics, /healthz and /readyz are served (default 0.0.0.0:8080; port 0: not
-                           served).
-  ATOM_RESYNC_SECONDS      the longest an informer goes without a complete listing (default 300): a deletion or
-                           edit no watch event reported is repaired within it. Every broken watch lists at once.
-  ATOM_NAMESPACES          comma-separated namespaces to reconcile in (default: every namespace); match kopf's
-                           ``--namespace`` options when you give those.
-"""
+"""The reconciler's start and stop, called from the kopf startup handler with the operator's settings."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp.web
-import kopf
 
 from atom_operator import metrics
 from atom_operator.api import GROUP, KIND
-from atom_operator.children import Defaults
 from atom_operator.children.meta import DEPLOYMENT_LABEL
 from atom_operator.controller import Controller
 from atom_operator.informer import Informer, OwnerOf, controlled_by, itself, labelled
 from atom_operator.kube import Kube
-from atom_operator.npu import NpuProfile
+from atom_operator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -50,35 +30,6 @@ WATCHED: tuple[tuple[str, OwnerOf, str | None], ...] = (
     ("Job", controlled_by(KIND, GROUP), None),  # the compile Jobs of spec.model.compileCache
     ("Pod", labelled(DEPLOYMENT_LABEL), DEPLOYMENT_LABEL),
 )
-
-
-@dataclass(frozen=True)
-class Config:
-    defaults: Defaults
-    workers: int
-    metrics_addr: str
-    metrics_port: int
-    resync_seconds: int = 300
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        env = os.environ if env is None else env
-        base = Defaults()
-        return cls(
-            defaults=Defaults(
-                image=env.get("ATOM_ENGINE_IMAGE") or base.image,
-                image_pull_policy=env.get("ATOM_ENGINE_IMAGE_PULL_POLICY") or base.image_pull_policy,
-                rngd_image=env.get("ATOM_ENGINE_RNGD_IMAGE") or base.rngd_image,
-                npu=NpuProfile.parse(env.get("ATOM_NPU_PROFILE")),
-                network_policy=env.get("ATOM_NETWORK_POLICY", "").lower() in ("1", "true", "yes"),
-            ),
-            workers=int(env.get("ATOM_RECONCILE_WORKERS", "16")),
-            metrics_addr=env.get("ATOM_METRICS_ADDR", "0.0.0.0"),
-            metrics_port=int(env.get("ATOM_METRICS_PORT", "8080")),
-            resync_seconds=int(env.get("ATOM_RESYNC_SECONDS", "300")),
-            namespaces=tuple(n.strip() for n in env.get("ATOM_NAMESPACES", "").split(",") if n.strip()),
-        )
 
 
 @dataclass
@@ -104,9 +55,8 @@ class Runtime:
         await self.controller.stop()
 
 
-async def start(settings: kopf.OperatorSettings, config: Config | None = None) -> Runtime:
-    config = config or Config.from_env()
-    kube = await Kube.login(settings)
+async def start(config: Settings) -> Runtime:
+    kube = await Kube.login()
     controller = Controller(kube, config.defaults, workers=config.workers)
     informers = [
         Informer(kube, kind, namespace, owner_of, controller, config.resync_seconds, selector)

@@ -1,13 +1,6 @@
 """The admission webhook's server, certificates and ValidatingWebhookConfiguration.
 
-Settings (environment):
-  ATOM_WEBHOOK            "off" disables the webhook server (the CRD's CEL rules still refuse invalid specs).
-  ATOM_WEBHOOK_ADDR/PORT  where to listen (default 0.0.0.0:9443).
-  ATOM_WEBHOOK_HOST       the host name the API server calls (default: the listening address).
-  ATOM_WEBHOOK_CERT/KEY   the serving certificate and key; ATOM_WEBHOOK_CA the CA that signed them (its bundle
-                          goes into the configuration). Without them a CA and certificate are generated.
-  ATOM_WEBHOOK_MANAGED    a ValidatingWebhookConfiguration name: kopf creates and keeps it up to date. Leave it
-                          unset when the configuration is installed with the chart (see :func:`configuration`).
+Its settings are :class:`atom_operator.settings.WebhookSettings`.
 """
 
 from __future__ import annotations
@@ -16,10 +9,9 @@ import base64
 import datetime
 import ipaddress
 import json
-import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +25,7 @@ from cryptography.x509.oid import NameOID
 from atom_operator.admission import MAX_OBJECT_DEPTH
 from atom_operator.api import GROUP, PLURAL, VERSION
 from atom_operator.api.kube import depth
+from atom_operator.settings import WebhookSettings
 
 WEBHOOK_NAME = f"validate.{PLURAL}.{GROUP}"
 HANDLER_ID = "validate"
@@ -127,23 +120,14 @@ def make_certificates(directory: Path, hosts: Sequence[str]) -> tuple[Path, Path
     return paths
 
 
-def enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether this operator serves the admission webhook (``ATOM_WEBHOOK=off`` turns it off)."""
-    return (os.environ if env is None else env).get("ATOM_WEBHOOK", "on") != "off"
-
-
-def server_from_env(env: dict[str, str] | None = None) -> Server | None:
-    env = dict(os.environ if env is None else env)
-    if not enabled(env):
+def server(settings: WebhookSettings) -> Server | None:
+    """The webhook server as set, None when it is off; without a certificate, one is made for ``settings.host``."""
+    if not settings.enabled:
         return None
-    addr = env.get("ATOM_WEBHOOK_ADDR", "0.0.0.0")
-    host = env.get("ATOM_WEBHOOK_HOST") or (addr if addr != "0.0.0.0" else "127.0.0.1")
-    cert, key, ca = env.get("ATOM_WEBHOOK_CERT"), env.get("ATOM_WEBHOOK_KEY"), env.get("ATOM_WEBHOOK_CA")
+    ca, cert, key = settings.ca, settings.cert, settings.key
     if not (cert and key):
-        ca, cert, key = map(str, make_certificates(Path(tempfile.mkdtemp(prefix="atom-webhook-")), [host]))
-    return Server(
-        addr=addr, port=int(env.get("ATOM_WEBHOOK_PORT", "9443")), host=host, certfile=cert, pkeyfile=key, cafile=ca
-    )
+        ca, cert, key = map(str, make_certificates(Path(tempfile.mkdtemp(prefix="atom-webhook-")), [settings.host]))
+    return Server(addr=settings.addr, port=settings.port, host=settings.host, certfile=cert, pkeyfile=key, cafile=ca)
 
 
 def configuration(

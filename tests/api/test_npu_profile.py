@@ -8,7 +8,7 @@ import pytest
 from atom_engine.limits import role_backend_error
 from atom_operator.api import AtomDeploymentSpec, engine_settings
 from atom_operator.npu import NpuProfile, npu_demand
-from atom_operator.runtime import Config
+from atom_operator.settings import Settings
 from pydantic import ValidationError
 
 
@@ -48,7 +48,7 @@ def test_every_rngd_name_the_furiosa_plugin_advertises_is_accepted(resource: str
 )
 def test_a_wrong_profile_stops_the_operator_naming_the_field_and_the_value(profile: dict, message: str) -> None:
     with pytest.raises(ValueError) as e:
-        Config.from_env({"ATOM_NPU_PROFILE": json.dumps(profile)})
+        Settings.from_env({"ATOM_NPU_PROFILE": json.dumps(profile)})
     assert message in str(e.value)
 
 
@@ -59,12 +59,12 @@ def test_not_json_is_refused_with_the_settings_name() -> None:
 
 def test_the_operator_reads_its_profile_from_the_environment() -> None:
     legacy = {"atom": {"resource": "rebellions.ai/ATOM", "nodeSelector": {"rebellions.ai/npu.family": "ATOM"}}}
-    npu = Config.from_env({"ATOM_NPU_PROFILE": json.dumps(legacy)}).defaults.npu
+    npu = Settings.from_env({"ATOM_NPU_PROFILE": json.dumps(legacy)}).defaults.npu
     assert npu.resource("atom") == "rebellions.ai/ATOM" and npu.node_selector("atom") == {
         "rebellions.ai/npu.family": "ATOM"
     }
     assert npu.resource("rngd") == "furiosa.ai/rngd"  # the other backend keeps its default
-    assert Config.from_env({}).defaults.npu == NpuProfile()
+    assert Settings.from_env({}).defaults.npu == NpuProfile()
 
 
 def test_demand_is_counted_under_the_profiles_names() -> None:

@@ -27,7 +27,9 @@ from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
 from atom_operator.npu import RESOURCE_PATTERNS, NpuProfile
 from atom_operator.reconcile import Observed, reconcile
+from atom_operator.settings import Settings
 from cryptography import x509
+from kubernetes_asyncio.client import Configuration
 
 from tests.generated import CHART_CRD_PATH, CRD_PATH
 
@@ -225,7 +227,7 @@ def test_the_npu_profile_values_reach_the_operator_as_its_one_setting(tmp_path: 
         docs = render_chart(tmp_path, "ops", values)
         container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        return runtime.Config.from_env(env).defaults.npu
+        return Settings.from_env(env).defaults.npu
 
     assert profile_of({}) == NpuProfile()  # the chart's defaults are the operator's
     legacy = {"atom": {"resource": "rebellions.ai/ATOM", "nodeSelector": {"rebellions.ai/npu.present": "true"}}}
@@ -248,7 +250,7 @@ def test_the_chart_ships_the_rngd_seccomp_profile_the_rngd_pods_name(tmp_path: P
     assert {"unshare", "setns", "mount", "bpf", "keyctl", "ptrace", "userfaultfd", "kexec_load"} <= refused
     container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    config = runtime.Config.from_env(env)
+    config = Settings.from_env(env)
     assert config.defaults.rngd_image == "r.example/rngd:7"
     assert config.defaults.npu.seccomp("rngd") == {"type": "Localhost", "localhostProfile": "atom/rngd-io-uring.json"}
     none = render_chart(tmp_path, "ops", {"npu": {"rngd": {"seccompProfile": ""}}})
@@ -266,9 +268,9 @@ def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
         container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e["value"] for e in container["env"]}
 
-    assert webhook.server_from_env(env_of({})) is not None
-    off = env_of({"webhook": {"enabled": False}})
-    assert not webhook.enabled(off) and webhook.server_from_env(off) is None
+    assert webhook.server(Settings.from_env(env_of({})).webhook) is not None
+    off = Settings.from_env(env_of({"webhook": {"enabled": False}})).webhook
+    assert not off.enabled and webhook.server(off) is None
 
 
 # ---- refused values ----------------------------------------------------------------------------------------
@@ -411,13 +413,11 @@ def needed_permissions() -> set[tuple[str, str]]:
         needs |= {("list", qualified), ("watch", qualified)}
     # The reconciler's informers (list, then watch).
     for kind, _, _ in runtime.WATCHED:
-        prefix, plural = kube.KINDS[kind]
-        group = prefix.split("/")[2] if prefix.startswith("/apis/") else ""
+        group, _, plural = kube.KINDS[kind]
         needs |= {(verb, f"{plural}.{group}" if group else plural) for verb in ("list", "watch")}
     # kopf rescans an API group when a CRD changes.
     needs |= {(verb, "customresourcedefinitions.apiextensions.k8s.io") for verb in ("list", "watch")}
-    for kind, (prefix, plural) in kube.KINDS.items():
-        group = prefix.split("/")[2] if prefix.startswith("/apis/") else ""
+    for kind, (group, _, plural) in kube.KINDS.items():
         qualified = f"{plural}.{group}" if group else plural
         if kind == "AtomDeployment":
             needs.add(("patch", f"{qualified}/status"))  # Kube.patch_status
@@ -475,8 +475,10 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
     """Not only can-i: the operator's own reconcile, through its own client, logged in as the chart's
     ServiceAccount, creates every child, posts Events, writes status and removes a dropped role."""
     token = cluster.kubectl("create", "token", release.fullname, "-n", release.namespace).stdout.strip()
-    ca = str(cluster.ca_file) if cluster.ca_file else None
-    info = kopf.ConnectionInfo(server=cluster.server, ca_path=ca, scheme="Bearer", token=token)
+    login = Configuration(
+        host=cluster.server, api_key={"authorization": token}, api_key_prefix={"authorization": "Bearer"}
+    )
+    login.ssl_ca_cert = str(cluster.ca_file) if cluster.ca_file else None
     cpu = {"backend": "cpu", "npusPerReplica": 0}
     spec = {
         "model": {"source": "builtin:tiny"},
@@ -487,7 +489,7 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
           "metadata": {"name": "x", "namespace": namespace}, "spec": spec}  # fmt: skip
     cluster.apply(ad)  # as the admin: the user's write
     defaults = Defaults(image="example.invalid/atom-engine:test")
-    client = Kube(info)
+    client = Kube(login)
     try:
         await reconcile_until_done(client, cluster.get("atomdeployment", "x", "-n", namespace), defaults)
         assert cluster.get("deployment", "x-prefill", "-n", namespace)["spec"]["replicas"] == 1

@@ -24,7 +24,7 @@ def controller() -> Controller:
 
 
 def listing(kind: str, version: int, *items: dict[str, Any], namespace: str | None = None) -> Listing:
-    return Listing(kind, namespace, [(i, OWNER) for i in items], version)
+    return Listing(kind, namespace, [(i, OWNER) for i in items], str(version))
 
 
 async def test_a_child_missing_from_a_listing_was_deleted_unseen_and_its_owner_is_reconciled() -> None:
@@ -65,9 +65,9 @@ async def test_a_vanished_deployment_leaves_status_without_it_and_pods_missing_f
 async def test_an_atomdeployment_deleted_unseen_is_forgotten() -> None:
     c = controller()
     body = {"kind": KIND, "metadata": {"name": "llm", "namespace": "ns", "uid": "u", "resourceVersion": "3"}}
-    c.relisted(Listing(KIND, None, [(body, OWNER)], 5))
+    c.relisted(Listing(KIND, None, [(body, OWNER)], "5"))
     assert OWNER in c.owners
-    c.relisted(Listing(KIND, None, [], 9))
+    c.relisted(Listing(KIND, None, [], "9"))
     assert OWNER not in c.owners
 
 

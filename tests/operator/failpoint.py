@@ -1,0 +1,51 @@
+"""Test hook, loaded into the operator's process as one more kopf module (:mod:`tests.operator.process` adds it):
+exit right after the n-th successful write into one namespace.
+
+``ATOM_FAILPOINT=exit-after-write:<n>:<namespace>`` lets the tests kill the operator at exact points of a create
+(a SIGKILL from outside could not hit a point between two writes a millisecond apart). The operator's client knows
+nothing of it: its write methods are wrapped here, when this module is imported, before the operator starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any
+
+from atom_operator.kube import Kube
+
+ENV = "ATOM_FAILPOINT"
+WRITES = ("apply", "create", "patch_status", "patch_json", "delete")
+
+
+def namespace_of(write: Any, *args: Any, **kwargs: Any) -> str | None:
+    bound = inspect.signature(write).bind(*args, **kwargs).arguments
+    return bound["obj"]["metadata"].get("namespace") if "obj" in bound else bound.get("namespace")
+
+
+def install(after: int, namespace: str) -> None:
+    seen = 0
+
+    def counted(write: Any) -> Any:
+        @functools.wraps(write)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            nonlocal seen
+            out = await write(*args, **kwargs)
+            # A delete of something already gone (False) wrote nothing.
+            if out is not False and namespace_of(write, *args, **kwargs) == namespace:
+                seen += 1
+                if seen >= after:
+                    os._exit(137)  # as abrupt as SIGKILL: no cleanup, nothing flushed
+            return out
+
+        return wrapper
+
+    for name in WRITES:
+        setattr(Kube, name, counted(getattr(Kube, name)))
+
+
+spec = os.environ.get(ENV, "")
+if spec.startswith("exit-after-write:"):
+    _, n, ns = spec.split(":", 2)
+    install(int(n), ns)

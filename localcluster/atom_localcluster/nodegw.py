@@ -17,17 +17,14 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import json
 import socket
-import ssl
 import struct
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
-import yaml
+from kubernetes.client import CoreV1Api, DiscoveryV1Api
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import new_client_from_config
 
 DOMAIN = "svc.cluster.local"
 TTL = 5  # seconds: endpoints change during rollouts, and resolvers re-ask soon
@@ -62,42 +59,32 @@ def relay(target: tuple[str, int]):
 
 # ---- cluster DNS -----------------------------------------------------------------------------------------------
 class Api:
-    """GETs against the API server with the kubeconfig's client certificate (blocking; called from a thread)."""
+    """Reads of Services and EndpointSlices with the kubeconfig's credentials (blocking; called from a thread)."""
 
     def __init__(self, kubeconfig: Path) -> None:
-        cfg = yaml.safe_load(kubeconfig.read_text())
-        cluster = cfg["clusters"][0]["cluster"]
-        user = cfg["users"][0]["user"]
-        self.server = cluster["server"]
-        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        self.ctx.load_cert_chain(user["client-certificate"], user["client-key"])
-
-    def get(self, path: str) -> dict | None:
-        try:
-            with urllib.request.urlopen(self.server + path, context=self.ctx, timeout=5) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise
+        client = new_client_from_config(str(kubeconfig))
+        self.core, self.discovery = CoreV1Api(client), DiscoveryV1Api(client)
 
     def addresses(self, service: str, namespace: str) -> list[str] | None:
         """IPv4 answers for a Service, or None when it does not exist."""
-        svc = self.get(f"/api/v1/namespaces/{namespace}/services/{service}")
-        if svc is None:
-            return None
-        cluster_ip = svc["spec"].get("clusterIP")
+        try:
+            svc = self.core.read_namespaced_service(service, namespace, _request_timeout=5)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        cluster_ip = svc.spec.cluster_ip
         if cluster_ip and cluster_ip != "None":
             return [cluster_ip]
-        selector = urllib.parse.quote(f"kubernetes.io/service-name={service}")
-        slices = self.get(f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector={selector}")
+        selector = f"kubernetes.io/service-name={service}"
+        slices = self.discovery.list_namespaced_endpoint_slice(namespace, label_selector=selector, _request_timeout=5)
         out: list[str] = []
-        for s in (slices or {}).get("items", []):
-            if s.get("addressType") != "IPv4":
+        for s in slices.items:
+            if s.address_type != "IPv4":
                 continue
-            for ep in s.get("endpoints") or []:
-                if (ep.get("conditions") or {}).get("ready", True):
-                    out += [a for a in ep.get("addresses", []) if a not in out]
+            for ep in s.endpoints or []:
+                if ep.conditions is None or ep.conditions.ready is not False:  # unset: ready, as the API says
+                    out += [a for a in ep.addresses or [] if a not in out]
         return out
 
 

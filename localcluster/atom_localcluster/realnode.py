@@ -175,7 +175,7 @@ class RealNodeCluster(Cluster):
         api_port = self.server.rsplit(":", 1)[1]
         comp = self._spawn(
             "nodegw",
-            # Run as a script (it needs only the standard library and yaml), so any working directory will do.
+            # Run as a script (the standard library and the kubernetes client are all it needs): any directory does.
             [sys.executable, Path(__file__).with_name("nodegw.py"), "--listen", res.gateway, "--api-port", api_port,
              "--kubeconfig", self.kubeconfig],
         )

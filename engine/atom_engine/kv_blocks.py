@@ -186,7 +186,7 @@ class KVBlocks:
         cached = set(self.cache.values())
         if any(b not in cached or n <= 0 for b, n in self.pins.items()):
             raise AssertionError(f"a pinned block is not a cache entry: pins={self.pins}")
-        if len(self.index) != len(self.cache) or set(self.index.root.keys) != set(self.cache):
+        if len(self.index) != len(self.cache) or self.index.keys() != set(self.cache):
             raise AssertionError("the prefix index and the cache hold different keys")
 
 

@@ -11,7 +11,7 @@ that share the path to that point, whether the walk stops at a node or inside th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 Key = tuple[int, ...]
 COMPARE_PIECE = 64  # edge tokens compared per slice; only the piece with the mismatch is walked token by token
@@ -37,7 +37,7 @@ class _Node:
     def __init__(self, edge: Key) -> None:
         self.edge = edge  # the tokens from the parent to this node
         self.children: dict[int, _Node] = {}  # by the first token of the child's edge
-        self.keys: set[Key] = set()  # every key ending at or below this node
+        self.keys: set[int] = set()  # the entry numbers of every key ending at or below this node
         self.ends = False  # a key ends exactly here
 
 
@@ -46,23 +46,32 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self.root = _Node(())
-        self._used: dict[Hashable, int] = {}  # key -> when it was last used (larger: more recent)
+        # Keys are numbered: nodes hold numbers, not long tuples whose hash is the length of the key.
+        self._number: dict[Key, int] = {}
+        self._key: dict[int, Key] = {}
+        self._used: dict[int, int] = {}  # entry number -> when it was last used (larger: more recent)
         self._clock = itertools.count()
+        self._numbers = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._used)
+        return len(self._number)
+
+    def keys(self) -> set[Key]:
+        return set(self._number)
 
     def touch(self, key: Key) -> None:
         """``key`` was used now (a hit, or cached again)."""
-        self._used[key] = next(self._clock)
+        self._used[self._number[key]] = next(self._clock)
 
     def add(self, key: Key) -> None:
-        if key in self._used:
+        if key in self._number:
             self.touch(key)
             return
+        entry = self._number[key] = next(self._numbers)
+        self._key[entry] = key
         self.touch(key)
         node, depth = self.root, 0
-        node.keys.add(key)
+        node.keys.add(entry)
         while depth < len(key):
             child = node.children.get(key[depth])
             if child is None:
@@ -70,13 +79,13 @@ class PrefixIndex:
                 node.children[key[depth]] = leaf
                 node = leaf
                 depth = len(key)
-                node.keys.add(key)
+                node.keys.add(entry)
                 break
             n = common_prefix_len(child.edge, key[depth : depth + len(child.edge)])
             if n < len(child.edge):  # the key leaves (or ends inside) this edge: split it there
                 child = self._split(node, child, n)
             node, depth = child, depth + n
-            node.keys.add(key)
+            node.keys.add(entry)
         node.ends = True
 
     @staticmethod
@@ -89,7 +98,8 @@ class PrefixIndex:
         return middle
 
     def remove(self, key: Key) -> None:
-        del self._used[key]
+        entry = self._number.pop(key)
+        del self._key[entry], self._used[entry]
         path, node, depth = [self.root], self.root, 0
         while depth < len(key):
             node = node.children[key[depth]]
@@ -97,7 +107,7 @@ class PrefixIndex:
             path.append(node)
         node.ends = False
         for n in path:
-            n.keys.discard(key)
+            n.keys.discard(entry)
         for parent, n in zip(reversed(path[:-1]), reversed(path[1:]), strict=True):
             if not n.keys:  # nothing below any more
                 del parent.children[n.edge[0]]
@@ -125,4 +135,4 @@ class PrefixIndex:
         if depth == 0:
             return None
         best = max(below.keys, key=self._used.__getitem__)
-        return best, depth
+        return self._key[best], depth

@@ -476,7 +476,7 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
     ServiceAccount, creates every child, posts Events, writes status and removes a dropped role."""
     token = cluster.kubectl("create", "token", release.fullname, "-n", release.namespace).stdout.strip()
     login = Configuration(
-        host=cluster.server, api_key={"authorization": token}, api_key_prefix={"authorization": "Bearer"}
+        host=cluster.server, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"}
     )
     login.ssl_ca_cert = str(cluster.ca_file) if cluster.ca_file else None
     cpu = {"backend": "cpu", "npusPerReplica": 0}

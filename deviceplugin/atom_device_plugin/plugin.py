@@ -173,7 +173,9 @@ class DevicePlugin:
         if self.service is not None:
             self.service.close()
         if self._server is not None:
-            self._server.stop(grace=None).wait()
+            # A grace period lets the streams close() just ended send their OK status; with none, gRPC cancels
+            # them first when its threads are slow (a loaded node), and the kubelet reads UNAVAILABLE instead.
+            self._server.stop(grace=5.0).wait()
             self._server = None
         self.socket.unlink(missing_ok=True)
 

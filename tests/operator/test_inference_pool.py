@@ -1,0 +1,70 @@
+"""The InferencePool, its endpoint picker and the optional HTTPRoute, built without any API server."""
+
+from __future__ import annotations
+
+import yaml
+from atom_engine.api import AtomDeploymentSpec
+from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool
+from atom_operator.children.meta import Owner, selector_labels
+
+from atom_localcluster import gie
+
+
+def owner() -> Owner:
+    spec = {"model": {"source": "builtin:tiny"}, "decode": {"replicas": 2}}
+    return Owner("llm", "ns", "uid-1", AtomDeploymentSpec.model_validate(spec, strict=False))
+
+
+def test_the_pool_selects_the_decode_pods_on_the_engine_port_and_fails_open_to_its_picker() -> None:
+    pool = build_inference_pool(owner())
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["kind"] == "InferencePool"
+    assert pool["spec"]["selector"] == {"matchLabels": selector_labels(owner(), "decode")}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"kind": "Service", "name": "llm-epp", "port": {"number": 9002},
+                                                 "failureMode": "FailOpen"}
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_the_pool_is_valid_against_the_pinned_crds_schema() -> None:
+    """Every field the operator sets is one the extension's v1 schema has, with an allowed value."""
+    crd = yaml.safe_load(gie.pool_crd().read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+    def check(value: object, s: dict, where: str) -> None:
+        if "enum" in s:
+            assert value in s["enum"], where
+        if isinstance(value, dict) and "properties" in s:
+            assert set(s.get("required", [])) <= set(value), where
+            for k, v in value.items():
+                assert k in s["properties"], f"{where}.{k} is not in the CRD"
+                check(v, s["properties"][k], f"{where}.{k}")
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                check(v, s["items"], f"{where}[{i}]")
+
+    check(build_inference_pool(owner())["spec"], schema, "spec")
+
+
+def test_the_picker_reads_only_its_namespace_and_runs_restricted() -> None:
+    sa, role, binding, deployment, service = build_epp(owner(), "example.invalid/epp:v1.5.0", "IfNotPresent")
+    assert [o["kind"] for o in (sa, role, binding, deployment, service)] == [
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in role["rules"])
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-epp", "namespace": "ns"}]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "llm-epp"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--pool-name") + 1] == "llm" and args[args.index("--pool-namespace") + 1] == "ns"
+    assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+    assert not all(labels.get(k) == v for k, v in selector_labels(owner(), "decode").items()), "not a decode pod"
+    assert {p["port"] for p in service["spec"]["ports"]} >= {9002}
+
+
+def test_the_route_sends_every_path_of_the_named_gateway_to_the_pool() -> None:
+    route = build_http_route(owner(), "inference-gateway", "gateways")
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                            "name": "inference-gateway", "namespace": "gateways"}]
+    assert route["spec"]["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}]

@@ -1,0 +1,82 @@
+"""One routing comparison run on the harness: an AtomDeployment's decode pods, fresh engines, a router, the workload.
+
+Shared by the test (tests/routing/test_prefix_routing.py) and ``make bench-routing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from atom_localcluster import gie
+from atom_localcluster.cluster import Cluster
+from tests.routing import stack
+from tests.routing.workload import Result, Workload, run
+
+ROUTERS = ("epp", "random", "lwepp")
+MODEL = "builtin:smollm2-135m"
+# (lanes, kvBlocks) per replica: up to kvBlocks - 1 - lanes busy prefix-cache entries, between a half and the
+# whole of the workload's prefixes (tests/routing/workload.py): they fit the two replicas, not one.
+SIZING = (1, 8)
+
+
+def atom_deployment(name: str, namespace: str, *, lanes: int, kv_blocks: int, routing: bool = True) -> dict:
+    spec: dict = {
+        "model": {"source": MODEL, "maxSeqLen": 512},
+        "decode": {"replicas": 2, "backend": "cpu", "npusPerReplica": 0, "lanes": lanes, "kvBlocks": kv_blocks,
+                   "prefixCache": True, "nodeSelector": {"rebellions.ai/npu.present": "true"}},
+    }
+    if routing:
+        spec["routing"] = {"inferencePool": {"enabled": True}}
+    return {"apiVersion": "serving.atom.dev/v1alpha1", "kind": "AtomDeployment",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def install_crds(cluster: Cluster) -> None:
+    """The AtomDeployment CRD and GIE's InferencePool CRD (from the pinned module)."""
+    from atom_engine.api.crd import render
+
+    cluster.kubectl("apply", "-f", "-", input=render())
+    cluster.kubectl("apply", "--server-side", "-f", str(gie.pool_crd()))
+    for crd in ("atomdeployments.serving.atom.dev", gie.POOL_CRD_NAME):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+
+
+def deploy(cluster: Cluster, namespace: str, name: str) -> None:
+    """The AtomDeployment with its InferencePool, its two decode pods Ready."""
+    lanes, kv_blocks = SIZING
+    cluster.apply(atom_deployment(name, namespace, lanes=lanes, kv_blocks=kv_blocks, routing=False))
+    wait_decode_ready(cluster, namespace, name, 2)
+    from atom_engine.api import AtomDeployment
+    from atom_operator.children.inferencepool import build_inference_pool
+    from atom_operator.children.meta import Owner
+
+    body = cluster.get("atomdeployment", "-n", namespace, name)
+    cluster.apply(build_inference_pool(Owner(name, namespace, body["metadata"]["uid"],
+                                             AtomDeployment.model_validate(body).spec)))
+
+
+def wait_decode_ready(cluster: Cluster, namespace: str, name: str, replicas: int, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pods = stack.decode_pods(cluster, namespace, name)
+        ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p.get("status", {}).get("conditions", []))]
+        if len(pods) == replicas and len(ready) == replicas:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{name}: {replicas} decode pods were not Ready in {timeout:.0f}s")
+
+
+def one_run(router: str, cluster: Cluster, namespace: str, name: str, workload: Workload, workdir: Path,
+            tag: str) -> Result:
+    """Fresh engines (empty prefix caches) for the decode pods, ``router`` in front of them, the workload once."""
+    procs = stack.Processes(workdir)
+    try:
+        pods = stack.start_engines(cluster, namespace, name, procs, tag)
+        url = stack.start_router(router, cluster, namespace, name, pods, procs, tag)
+        model = name  # the engine serves the deployment's name (settings.modelName)
+        return asyncio.run(run(url, [p.url for p in pods], model, workload))
+    finally:
+        procs.stop()

@@ -1,0 +1,149 @@
+"""Decode pods served for real behind a router, on the local control plane (tests/routing, make bench-routing).
+
+kwok's pods run nothing and have addresses from the harness's pod CIDR that route nowhere, so each decode pod's
+engine runs here as a local process exactly as its pod spec says (the Deployment's command and args, the
+rendered settings from its ConfigMap), bound to a loopback address of its own (127.77.<n>.<i>, the pod's port
+unchanged), and the pod's ``status.podIP`` is patched to that address. Every consumer of pod addresses (the
+endpoint picker, which watches pods and scrapes ``<podIP>:<port>/metrics``, and Envoy, which connects where the
+picker says) then reaches the engine with nothing faked in between. Loopback rather than a network namespace:
+all of 127.0.0.0/8 reaches the host's loopback interface with no setup, no root and no routes that another
+job's bridge (10.244.<n>.0/24, atom_localcluster/realnode.py) could collide with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from atom_localcluster import envoy, gie
+from atom_localcluster.cluster import Cluster, free_port
+
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Processes:
+    """Local processes, each in its own session (so its children stop with it), stopped in reverse order."""
+
+    workdir: Path
+    procs: list[tuple[subprocess.Popen, Path]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = self.workdir / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                    env={**os.environ, **(env or {})}, start_new_session=True)
+        self.procs.append((proc, log))
+        return proc
+
+    def log_of(self, proc: subprocess.Popen) -> str:
+        return next(log.read_text(errors="replace")[-3000:] for p, log in self.procs if p is proc)
+
+    def stop(self) -> None:
+        while self.procs:
+            proc, _log = self.procs.pop()
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def wait_http(self, proc: subprocess.Popen, url: str, timeout: float = 300) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{self.log_of(proc)}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.3)
+        raise RuntimeError(f"{url} was not ready in {timeout:.0f}s:\n{self.log_of(proc)}")
+
+
+def loopback_addresses(count: int) -> list[str]:
+    """``count`` loopback addresses no other run of this module uses at the same time (keyed by the pid)."""
+    subnet = os.getpid() % 250 + 1
+    return [f"127.77.{subnet}.{i + 2}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    address: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+def decode_pods(cluster: Cluster, namespace: str, name: str) -> list[dict]:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=decode"
+    pods = cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+    return sorted((p for p in pods if p["metadata"].get("deletionTimestamp") is None),
+                  key=lambda p: p["metadata"]["name"])
+
+
+def start_engines(cluster: Cluster, namespace: str, name: str, procs: Processes, tag: str) -> list[Pod]:
+    """One engine per decode pod, as its pod spec says, on the pod's (patched) address; waits until all are ready."""
+    pods = decode_pods(cluster, namespace, name)
+    started = []
+    for pod, address in zip(pods, loopback_addresses(len(pods)), strict=True):
+        container = pod["spec"]["containers"][0]
+        argv = container["command"] + container.get("args", [])
+        config_volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "config")
+        settings = next(iter(cluster.get("configmap", "-n", namespace,
+                                         config_volume["configMap"]["name"])["data"].values()))
+        config = procs.workdir / f"{pod['metadata']['name']}.yaml"
+        config.write_text(settings)
+        port = int(argv[argv.index("--port") + 1])
+        local = [str(BIN / argv[0])]
+        for prev, arg in zip(argv, argv[1:], strict=False):
+            local.append(str(config) if prev == "--config" else str(free_port()) if prev == "--metrics-port" else arg)
+        # One torch thread each: the engines, the picker, Envoy and the client share the machine's cores.
+        proc = procs.start(f"{tag}-{pod['metadata']['name']}", [*local, "--host", address],
+                           {"OMP_NUM_THREADS": "1"})
+        started.append((proc, Pod(pod["metadata"]["name"], address, port)))
+        set_pod_ip(cluster, namespace, pod["metadata"]["name"], address)
+    for proc, p in started:
+        procs.wait_http(proc, f"{p.url}/ready")
+    return [p for _proc, p in started]
+
+
+def set_pod_ip(cluster: Cluster, namespace: str, pod: str, address: str) -> None:
+    patch = {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
+    cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", yaml.safe_dump(patch))
+
+
+def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: list[Pod], procs: Processes,
+                 tag: str) -> str:
+    """Envoy in front of ``pods``: asking ``kind`` ("epp" or "lwepp") per request, or picking at random ("random").
+    Returns its base URL."""
+    listen, admin = free_port(), free_port()
+    if kind == "random":
+        config = envoy.random_between([(p.address, p.port) for p in pods], listen, admin)
+    else:
+        grpc, health, metrics = free_port(), free_port(), free_port()
+        picker = procs.start(f"{tag}-{kind}", gie.picker_argv(kind, pool, namespace, grpc, health, metrics),
+                             {"KUBECONFIG": str(cluster.kubeconfig)})
+        procs.wait_http(picker, f"http://127.0.0.1:{metrics}/metrics", timeout=120)
+        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
+    path = procs.workdir / f"{tag}-envoy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proxy = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
+                                        "--log-level", "warn", "--base-id", str(listen)])
+    procs.wait_http(proxy, f"http://127.0.0.1:{admin}/ready", timeout=60)
+    return f"http://127.0.0.1:{listen}"

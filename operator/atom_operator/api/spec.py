@@ -170,6 +170,38 @@ class ServiceSpec(Strict):
     port: int = Field(8000, ge=rules.PORT_MIN, le=rules.PORT_MAX, description="Service port of the endpoint.")
 
 
+class GatewayRef(Strict):
+    """A Gateway API Gateway that should route to the pool (an HTTPRoute is made for it)."""
+
+    name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
+    namespace: str | None = Field(
+        None, min_length=1, max_length=63, description="The Gateway's namespace; defaults to the AtomDeployment's."
+    )
+
+
+class InferencePoolSpec(Strict):
+    """The decode pods as a Gateway API Inference Extension InferencePool, routed by its endpoint picker."""
+
+    enabled: bool = Field(
+        False,
+        description="Make an InferencePool (inference.networking.k8s.io/v1) of the decode pods and run its endpoint"
+        " picker (<name>-epp): prefix-cache and load aware routing for gateways that support the extension. Needs"
+        " the extension's CRDs in the cluster (else a condition says so); the Service stays as the plain path.",
+    )
+    gateway: GatewayRef | None = Field(
+        None, description="Also route this Gateway's traffic to the pool with an HTTPRoute (Gateway API CRDs needed)."
+    )
+
+
+class RoutingSpec(Strict):
+    """How requests reach the decode pods besides the Service."""
+
+    # default {} (not absent), like the roles: the nested defaults are always there to read.
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, json_schema_extra={"default": {}}, description=InferencePoolSpec.__doc__
+    )
+
+
 class AtomDeploymentSpec(Strict):
     """An LLM served by decode pods and optional prefill workers on NPU nodes."""
 
@@ -193,6 +225,9 @@ class AtomDeploymentSpec(Strict):
     )
     service: ServiceSpec = Field(
         default_factory=ServiceSpec, json_schema_extra={"default": {}}, description=ServiceSpec.__doc__
+    )
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, json_schema_extra={"default": {}}, description=RoutingSpec.__doc__
     )
 
     @model_validator(mode="after")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from atom_localcluster.cluster import Cluster  # noqa: E402
 from atom_localcluster.operator import OperatorProcess  # noqa: E402
+
 from tests.routing import scenario  # noqa: E402
 from tests.routing.workload import Result, Workload  # noqa: E402
 

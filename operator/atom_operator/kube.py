@@ -36,6 +36,12 @@ KINDS = {
     "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     "Job": ("batch", "v1", "jobs"),
     "AtomDeployment": (GROUP, VERSION, PLURAL),
+    # spec.routing.inferencePool: the pool (the extension's CRD), its picker's identity, and a Gateway's route.
+    "InferencePool": ("inference.networking.k8s.io", "v1", "inferencepools"),
+    "HTTPRoute": ("gateway.networking.k8s.io", "v1", "httproutes"),
+    "ServiceAccount": ("", "v1", "serviceaccounts"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 RETRY_DELAY = 1.0
@@ -129,6 +135,17 @@ class Kube:
     async def request(self, method: str, path: str, **params: Any) -> dict[str, Any]:
         """Any request, by URL path (``params`` as the dynamic client's: body, content_type, field_manager, ...)."""
         return await self._call(f"{method} {path}", self.dynamic.request, method, path, **params)
+
+    async def serves(self, kind: str) -> bool:
+        """Whether the API server serves ``kind`` (its CRD may not be installed): one discovery request."""
+        group, version, plural = KINDS[kind]
+        try:
+            found = await self.request("GET", f"/apis/{group}/{version}" if group else f"/api/{version}")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources", []))
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from atom_operator import apply, artifacts, events, status
+from atom_operator import apply, artifacts, events, routing, status
 from atom_operator.api import AtomDeployment
 from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
@@ -71,7 +71,8 @@ async def reconcile(
     if owner is None:
         return Outcome([], None)
     built = {j.key for j in observed.jobs.values() if j.state == "Succeeded"}
-    wanted = build_children(owner, defaults, built)
+    served = await routing.DISCOVERY.kinds(kube) if owner.spec.routing.inference_pool.enabled else frozenset()
+    wanted = build_children(owner, defaults, built, served)
     changes = await converge(kube, body, owner, wanted, cache, cache_is_complete) if children_too else []
     hashes: dict[Role, str] = {}
     deployments: dict[Role, dict[str, Any] | None] = {}
@@ -92,7 +93,8 @@ async def reconcile(
     if owner.spec.model.compile_cache:
         failed = [(p.role, p.failure) for p in pods if p.failure]
         built_report = artifacts.report(owner, wanted, observed.jobs, failed)
-    new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu, built_report)
+    new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu, built_report,
+                         routing.condition(owner, served))
     if _same(new, old):
         return Outcome(changes, None)
     try:
@@ -118,7 +120,10 @@ async def converge(
     configs = [c for c in wanted.desired if c["kind"] == "ConfigMap"]
     workloads = [c for c in wanted.desired if c["kind"] not in ("Service", "ConfigMap")]
     refs = [(c["kind"], c["metadata"]["name"]) for c in wanted.desired] + wanted.absent
-    found = await asyncio.gather(*(apply.current(kube, cache, k, ns, n, ask=not cache_is_complete) for k, n in refs))
+    # The optional routing kinds are not watched (their CRDs may come and go): those are always read.
+    found = await asyncio.gather(
+        *(apply.current(kube, cache, k, ns, n, ask=not cache_is_complete or k in UNWATCHED) for k, n in refs)
+    )
     now_ = dict(zip(refs, found, strict=True))
     changes: list[apply.Change] = []
     posting: list[asyncio.Task[None]] = []
@@ -155,6 +160,9 @@ async def converge(
     finally:
         await asyncio.gather(*posting)  # events.post never raises
     return changes
+
+
+UNWATCHED = {"InferencePool", "HTTPRoute", "ServiceAccount", "Role", "RoleBinding"}
 
 
 def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:

@@ -6,6 +6,7 @@ Environment:
   ATOM_NPU_PROFILE         this cluster's NPU resource names and node selectors, as JSON (the chart's `npu` value;
                            see atom_operator.npu); unset: the vendors' defaults (rebellions.ai/npu, furiosa.ai/rngd).
   ATOM_NETWORK_POLICY      true: every AtomDeployment gets NetworkPolicies (children/networkpolicy.py).
+  ATOM_EPP_IMAGE           the endpoint picker of spec.routing.inferencePool (GIE's epp, hack/tools/epp's version).
   ATOM_RECONCILE_WORKERS   AtomDeployments reconciled at once (default 16; a worker mostly waits on the API
                            server, so this bounds the operator's requests in flight, not its CPU).
   ATOM_METRICS_ADDR/PORT   where /metrics, /healthz and /readyz are served (default 0.0.0.0:8080; port 0: not
@@ -84,6 +85,7 @@ class Settings:
                 rngd_image=env.get("ATOM_ENGINE_RNGD_IMAGE") or base.rngd_image,
                 npu=NpuProfile.parse(env.get("ATOM_NPU_PROFILE")),
                 network_policy=env.get("ATOM_NETWORK_POLICY", "").lower() in ("1", "true", "yes"),
+                epp_image=env.get("ATOM_EPP_IMAGE") or base.epp_image,
             ),
             workers=int(env.get("ATOM_RECONCILE_WORKERS", "16")),
             metrics_addr=env.get("ATOM_METRICS_ADDR", "0.0.0.0"),

@@ -110,9 +110,11 @@ def compute(
     now: str,
     profile: NpuProfile = DEFAULT_PROFILE,
     artifact: Report | None = None,
+    routing: tuple[bool, str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions;
-    ``artifact``: the compile Jobs' report (spec.model.compileCache only)."""
+    ``artifact``: the compile Jobs' report (spec.model.compileCache only); ``routing``: the InferencePool
+    condition (spec.routing.inferencePool only)."""
     roles: list[Role] = [r for r in ROLES if r == "decode" or owner.spec.prefill.replicas > 0]
     out: dict[str, Any] = {"observedGeneration": generation}
     done, progress, degraded = [], [], []
@@ -174,6 +176,8 @@ def compute(
             _condition("ArtifactReady", artifact.ready, artifact.reason, artifact.message, generation, previous, now)
         )
         out["artifact"] = artifact.summary
+    if routing is not None:
+        out["conditions"].append(_condition("InferencePool", *routing, generation, previous, now))
     # Advertised only while something serves it (None: the merge patch removes it).
     out["endpoint"] = None if scaled_to_zero else endpoint(owner)
     out["selector"] = selector_string(owner, "decode")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from atom_localcluster import gie
 from atom_localcluster.cluster import Cluster
+
 from tests.routing import stack
 from tests.routing.workload import Result, Workload, run
 
@@ -43,18 +44,16 @@ def install_crds(cluster: Cluster) -> None:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
 
 
-def deploy(cluster: Cluster, namespace: str, name: str) -> None:
-    """The AtomDeployment with its InferencePool, its two decode pods Ready."""
+def deploy(cluster: Cluster, namespace: str, name: str, timeout: float = 120) -> None:
+    """The AtomDeployment with spec.routing.inferencePool on: the operator's InferencePool, two decode pods Ready."""
     lanes, kv_blocks = SIZING
-    cluster.apply(atom_deployment(name, namespace, lanes=lanes, kv_blocks=kv_blocks, routing=False))
-    wait_decode_ready(cluster, namespace, name, 2)
-    from atom_engine.api import AtomDeployment
-    from atom_operator.children.inferencepool import build_inference_pool
-    from atom_operator.children.meta import Owner
-
-    body = cluster.get("atomdeployment", "-n", namespace, name)
-    cluster.apply(build_inference_pool(Owner(name, namespace, body["metadata"]["uid"],
-                                             AtomDeployment.model_validate(body).spec)))
+    cluster.apply(atom_deployment(name, namespace, lanes=lanes, kv_blocks=kv_blocks))
+    wait_decode_ready(cluster, namespace, name, 2, timeout)
+    end = time.monotonic() + timeout
+    while cluster.kubectl("get", "inferencepool", "-n", namespace, name, check=False).returncode != 0:
+        if time.monotonic() > end:
+            raise RuntimeError(f"the operator made no InferencePool {namespace}/{name} in {timeout:.0f}s")
+        time.sleep(0.5)
 
 
 def wait_decode_ready(cluster: Cluster, namespace: str, name: str, replicas: int, timeout: float = 180) -> None:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
 from atom_localcluster import envoy, gie
 from atom_localcluster.cluster import Cluster, free_port
 
@@ -137,8 +136,11 @@ def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: l
         config = envoy.random_between([(p.address, p.port) for p in pods], listen, admin)
     else:
         grpc, health, metrics = free_port(), free_port(), free_port()
-        picker = procs.start(f"{tag}-{kind}", gie.picker_argv(kind, pool, namespace, grpc, health, metrics),
-                             {"KUBECONFIG": str(cluster.kubeconfig)})
+        if kind == "epp":
+            argv = epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics)
+        else:
+            argv = gie.picker_argv(kind, pool, namespace, grpc, health, metrics)
+        picker = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
         procs.wait_http(picker, f"http://127.0.0.1:{metrics}/metrics", timeout=120)
         config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
     path = procs.workdir / f"{tag}-envoy.yaml"
@@ -147,3 +149,16 @@ def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: l
                                         "--log-level", "warn", "--base-id", str(listen)])
     procs.wait_http(proxy, f"http://127.0.0.1:{admin}/ready", timeout=60)
     return f"http://127.0.0.1:{listen}"
+
+
+def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: int, health: int,
+                           metrics: int) -> list[str]:
+    """The pinned EPP with the operator's ``<pool>-epp`` Deployment's args, on free local ports, and plain gRPC
+    (the Envoy here speaks no TLS to it; in the cluster it serves TLS, as the extension's gateways expect)."""
+    from atom_operator.children.inferencepool import EPP_SUFFIX
+
+    deployment = cluster.get("deployment", "-n", namespace, pool + EPP_SUFFIX)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    ports = {"--grpc-port": grpc, "--grpc-health-port": health, "--metrics-port": metrics}
+    local = [str(ports[prev]) if prev in ports else arg for prev, arg in zip(["", *args], args, strict=True)]
+    return [str(gie.tools.path("epp")), *local, "--secure-serving=false"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from atom_operator.children.compile import artifact_key, build_job
 from atom_operator.children.configmap import build_configmap
+from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool
 from atom_operator.children.meta import (
     APPLIED_HASH,
     Defaults,
@@ -35,8 +36,11 @@ class Children:
     withheld: list[tuple[str, str]] = field(default_factory=list)  # (kind, name): left as they are for now
 
 
-def build_children(owner: Owner, defaults: Defaults, built: Collection[str] = ()) -> Children:
-    """``built``: the artifact keys whose compile Job succeeded (only read with spec.model.compileCache)."""
+def build_children(
+    owner: Owner, defaults: Defaults, built: Collection[str] = (), served: Collection[str] = ()
+) -> Children:
+    """``built``: the artifact keys whose compile Job succeeded (only read with spec.model.compileCache);
+    ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for."""
     roles: list[Role] = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
     desired: list[dict[str, Any]] = []
     configs = {role: build_configmap(owner, role) for role in roles}
@@ -59,6 +63,7 @@ def build_children(owner: Owner, defaults: Defaults, built: Collection[str] = ()
         desired.append(deployment)
     if defaults.network_policy:
         desired.extend(build_network_policy(owner, role) for role in roles)
+    desired.extend(routing_children(owner, defaults, served))
     for child in desired:
         applied = digest(child)
         child["metadata"].setdefault("annotations", {})[APPLIED_HASH] = applied
@@ -72,3 +77,14 @@ def build_children(owner: Owner, defaults: Defaults, built: Collection[str] = ()
             ("Job", build_name(owner, "prefill")),
         ]
     return Children(desired, absent, withheld)
+
+
+def routing_children(owner: Owner, defaults: Defaults, served: Collection[str]) -> list[dict[str, Any]]:
+    """spec.routing.inferencePool: the pool and its picker, and a route for a named Gateway, where served."""
+    pool = owner.spec.routing.inference_pool
+    if not pool.enabled or "InferencePool" not in served:
+        return []
+    out = [build_inference_pool(owner), *build_epp(owner, defaults.epp_image, defaults.image_pull_policy)]
+    if pool.gateway is not None and "HTTPRoute" in served:
+        out.append(build_http_route(owner, pool.gateway.name, pool.gateway.namespace))
+    return out

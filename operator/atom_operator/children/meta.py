@@ -48,6 +48,8 @@ class Defaults:
     rngd_image: str = "ghcr.io/atom-dev/atom-engine-rngd:0.1.0"  # Dockerfile target engine-rngd (furiosa-torch)
     npu: NpuProfile = field(default_factory=NpuProfile)  # this cluster's NPU resource names and node labels
     network_policy: bool = False  # give every AtomDeployment its NetworkPolicies (children/networkpolicy.py)
+    # spec.routing.inferencePool's endpoint picker: GIE's cmd/epp at the version hack/tools/epp pins
+    epp_image: str = "ghcr.io/atom-dev/atom-epp:v1.5.0"
 
 
 def service_name(owner: Owner) -> str:

@@ -1,0 +1,59 @@
+"""spec.routing.inferencePool against what the cluster serves: which optional CRDs are installed, and the
+``InferencePool`` condition that says what was made, or why not.
+
+The extension's and the Gateway API's CRDs are optional: a cluster without them gets a condition naming the
+missing CRD (the Service keeps serving), never a failed reconcile. Whether they are installed is asked of the API
+server's discovery at most every ``TTL`` seconds per operator, and only for AtomDeployments that enable routing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from atom_operator.children.inferencepool import epp_name
+from atom_operator.children.meta import Owner
+from atom_operator.kube import Kube
+
+OPTIONAL_KINDS = {
+    "InferencePool": "inferencepools.inference.networking.k8s.io (the Gateway API Inference Extension's CRDs)",
+    "HTTPRoute": "httproutes.gateway.networking.k8s.io (the Gateway API's CRDs)",
+}
+TTL = 30.0  # a CRD installed after the operator started is picked up within this (or the next resync)
+
+
+@dataclass
+class Discovery:
+    """The optional kinds the API server served when last asked."""
+
+    served: frozenset[str] = frozenset()
+    asked_at: float = field(default=float("-inf"))
+
+    async def kinds(self, kube: Kube) -> frozenset[str]:
+        if time.monotonic() - self.asked_at >= TTL:
+            self.served = frozenset([k for k in OPTIONAL_KINDS if await kube.serves(k)])
+            self.asked_at = time.monotonic()
+        return self.served
+
+
+DISCOVERY = Discovery()
+
+
+def condition(owner: Owner, served: Collection[str]) -> tuple[bool, str, str] | None:
+    """(status, reason, message) of the ``InferencePool`` condition; None when routing is off."""
+    pool = owner.spec.routing.inference_pool
+    if not pool.enabled:
+        return None
+    if "InferencePool" not in served:
+        return (False, "CRDNotInstalled",
+                f"no InferencePool: the cluster lacks {OPTIONAL_KINDS['InferencePool']}; install them to route by"
+                f" prefix. Requests reach the decode pods through the Service {owner.name} meanwhile")
+    message = f"InferencePool {owner.name} of the decode pods, picked by {epp_name(owner)}"
+    if pool.gateway is None:
+        return True, "PoolCreated", message
+    if "HTTPRoute" not in served:
+        return (False, "CRDNotInstalled",
+                f"{message}; no HTTPRoute to Gateway {pool.gateway.name}: the cluster lacks"
+                f" {OPTIONAL_KINDS['HTTPRoute']}")
+    return True, "PoolCreated", f"{message}, routed from Gateway {pool.gateway.name} by HTTPRoute {owner.name}"

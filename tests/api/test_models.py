@@ -114,6 +114,7 @@ def test_defaults_fill_a_minimal_spec() -> None:
         },
         "prefill": {"replicas": 0, "backend": "atom", "npusPerReplica": 1, "prefetchNext": False},
         "service": {"type": "ClusterIP", "port": 8000},
+        "routing": {"inferencePool": {"enabled": False}},
     }
 
 

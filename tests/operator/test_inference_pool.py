@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import yaml
 from atom_engine.api import AtomDeploymentSpec
+from atom_localcluster import gie
 from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool
 from atom_operator.children.meta import Owner, selector_labels
-
-from atom_localcluster import gie
 
 
 def owner() -> Owner:
@@ -68,3 +67,46 @@ def test_the_route_sends_every_path_of_the_named_gateway_to_the_pool() -> None:
                                             "name": "inference-gateway", "namespace": "gateways"}]
     assert route["spec"]["rules"][0]["backendRefs"] == [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "llm"}]
+
+
+def routed(**pool) -> Owner:
+    spec = {"model": {"source": "builtin:tiny"}, "decode": {"replicas": 2},
+            "routing": {"inferencePool": {"enabled": True, **pool}}}
+    return Owner("llm", "ns", "uid-1", AtomDeploymentSpec.model_validate(spec, strict=False))
+
+
+def kinds(o: Owner, served: set[str]) -> list[tuple[str, str]]:
+    from atom_operator.children import Defaults, build_children
+
+    return [(c["kind"], c["metadata"]["name"]) for c in build_children(o, Defaults(), served=served).desired]
+
+
+def test_routing_is_off_by_default_and_then_neither_builds_nor_reports_anything() -> None:
+    from atom_operator import routing
+
+    assert not any(k in ("InferencePool", "HTTPRoute") for k, _ in kinds(owner(), {"InferencePool", "HTTPRoute"}))
+    assert routing.condition(owner(), {"InferencePool"}) is None
+
+
+def test_the_pool_and_its_picker_are_built_only_where_the_crd_is_served_and_the_service_stays() -> None:
+    from atom_operator import routing
+
+    assert ("InferencePool", "llm") not in kinds(routed(), set())
+    ok, reason, message = routing.condition(routed(), set())
+    assert (ok, reason) == (False, "CRDNotInstalled")
+    assert "inferencepools.inference.networking.k8s.io" in message and "Service llm" in message
+    built = kinds(routed(), {"InferencePool"})
+    assert {("InferencePool", "llm"), ("Deployment", "llm-epp"), ("Service", "llm-epp"), ("Service", "llm"),
+            ("Role", "llm-epp"), ("RoleBinding", "llm-epp"), ("ServiceAccount", "llm-epp")} <= set(built)
+    assert routing.condition(routed(), {"InferencePool"})[:2] == (True, "PoolCreated")
+
+
+def test_an_httproute_only_for_a_named_gateway_whose_crd_is_served() -> None:
+    from atom_operator import routing
+
+    gw = routed(gateway={"name": "inference-gateway"})
+    assert ("HTTPRoute", "llm") not in kinds(routed(), {"InferencePool", "HTTPRoute"})
+    assert ("HTTPRoute", "llm") not in kinds(gw, {"InferencePool"})
+    assert routing.condition(gw, {"InferencePool"})[:2] == (False, "CRDNotInstalled")
+    assert ("HTTPRoute", "llm") in kinds(gw, {"InferencePool", "HTTPRoute"})
+    assert routing.condition(gw, {"InferencePool", "HTTPRoute"})[:2] == (True, "PoolCreated")

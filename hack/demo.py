@@ -15,18 +15,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
 from atom_localcluster.__main__ import print_nodes
 from atom_localcluster.cluster import Cluster, free_port
+from atom_localcluster.processes import Processes, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,44 +50,6 @@ class Steps:
             raise SystemExit(1) from e
         print(f"[{self.n}/{self.total}] done in {time.monotonic() - started:.1f}s", flush=True)
         return result
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} was not ready in {timeout:.0f}s:\n{log.read_text()[-3000:]}")
-
-
-class Processes:
-    """Local processes of the demo, stopped in reverse order."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir, self.procs = workdir, []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-        log = self.workdir / f"{name}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                    start_new_session=True, cwd=self.workdir)
-        self.procs.append(proc)
-        return proc, log
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
 
 
 def start_operator(cluster: Cluster, procs: Processes) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from atom_localcluster import gie
 from atom_localcluster.cluster import Cluster
+from atom_localcluster.processes import Processes
 
 from tests.routing import stack
 from tests.routing.workload import Result, Workload, run
@@ -71,7 +72,7 @@ def wait_decode_ready(cluster: Cluster, namespace: str, name: str, replicas: int
 def one_run(router: str, cluster: Cluster, namespace: str, name: str, workload: Workload, workdir: Path,
             tag: str) -> Result:
     """Fresh engines (empty prefix caches) for the decode pods, ``router`` in front of them, the workload once."""
-    procs = stack.Processes(workdir)
+    procs = Processes(workdir)
     try:
         pods = stack.start_engines(cluster, namespace, name, procs, tag)
         url = stack.start_router(router, cluster, namespace, name, pods, procs, tag)

@@ -12,63 +12,17 @@ job's bridge (10.244.<n>.0/24, atom_localcluster/realnode.py) could collide with
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from atom_localcluster import envoy, gie
 from atom_localcluster.cluster import Cluster, free_port
+from atom_localcluster.processes import Processes, wait_http
 
 BIN = Path(sys.executable).parent
-
-
-@dataclass
-class Processes:
-    """Local processes, each in its own session (so its children stop with it), stopped in reverse order."""
-
-    workdir: Path
-    procs: list[tuple[subprocess.Popen, Path]] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = self.workdir / f"{name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                    env={**os.environ, **(env or {})}, start_new_session=True)
-        self.procs.append((proc, log))
-        return proc
-
-    def log_of(self, proc: subprocess.Popen) -> str:
-        return next(log.read_text(errors="replace")[-3000:] for p, log in self.procs if p is proc)
-
-    def stop(self) -> None:
-        while self.procs:
-            proc, _log = self.procs.pop()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-    def wait_http(self, proc: subprocess.Popen, url: str, timeout: float = 300) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{self.log_of(proc)}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            time.sleep(0.3)
-        raise RuntimeError(f"{url} was not ready in {timeout:.0f}s:\n{self.log_of(proc)}")
 
 
 def loopback_addresses(count: int) -> list[str]:
@@ -112,13 +66,13 @@ def start_engines(cluster: Cluster, namespace: str, name: str, procs: Processes,
         for prev, arg in zip(argv, argv[1:], strict=False):
             local.append(str(config) if prev == "--config" else str(free_port()) if prev == "--metrics-port" else arg)
         # One torch thread each: the engines, the picker, Envoy and the client share the machine's cores.
-        proc = procs.start(f"{tag}-{pod['metadata']['name']}", [*local, "--host", address],
-                           {"OMP_NUM_THREADS": "1"})
-        started.append((proc, Pod(pod["metadata"]["name"], address, port)))
+        proc, log = procs.start(f"{tag}-{pod['metadata']['name']}", [*local, "--host", address],
+                                {"OMP_NUM_THREADS": "1"})
+        started.append((proc, log, Pod(pod["metadata"]["name"], address, port)))
         set_pod_ip(cluster, namespace, pod["metadata"]["name"], address)
-    for proc, p in started:
-        procs.wait_http(proc, f"{p.url}/ready")
-    return [p for _proc, p in started]
+    for proc, log, p in started:
+        wait_http(f"{p.url}/ready", proc, log, timeout=300)
+    return [p for _proc, _log, p in started]
 
 
 def set_pod_ip(cluster: Cluster, namespace: str, pod: str, address: str) -> None:
@@ -140,14 +94,14 @@ def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: l
             argv = epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics)
         else:
             argv = gie.picker_argv(kind, pool, namespace, grpc, health, metrics)
-        picker = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
-        procs.wait_http(picker, f"http://127.0.0.1:{metrics}/metrics", timeout=120)
+        picker, log = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
+        wait_http(f"http://127.0.0.1:{metrics}/metrics", picker, log, timeout=120)
         config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
     path = procs.workdir / f"{tag}-envoy.yaml"
     path.write_text(yaml.safe_dump(config))
-    proxy = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
-                                        "--log-level", "warn", "--base-id", str(listen)])
-    procs.wait_http(proxy, f"http://127.0.0.1:{admin}/ready", timeout=60)
+    proxy, log = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
+                                             "--log-level", "warn", "--base-id", str(listen)])
+    wait_http(f"http://127.0.0.1:{admin}/ready", proxy, log, timeout=60)
     return f"http://127.0.0.1:{listen}"
 
 

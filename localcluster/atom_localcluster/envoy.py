@@ -95,20 +95,31 @@ def _static(name: str, endpoints: list[tuple[str, int]], lb_policy: str, http2: 
     return cluster
 
 
-def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int) -> dict:
-    """Envoy asking the endpoint picker at ``picker`` (host, gRPC port) where each request goes."""
+# How each picker speaks ext_proc. The EPP streams both ways (GIE's own Envoy config, test/testdata/envoy.yaml).
+# lwepp answers the request headers only once the whole body is in and answers every body message with a plain
+# body response: Envoy must send it the body buffered without waiting for that header answer, and no response
+# body (buffering it would hold back the stream's first token).
+PROCESSING = {
+    "epp": ({"request_header_mode": "SEND", "response_header_mode": "SEND",
+             "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
+             "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"}, {}),
+    "lwepp": ({"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": "BUFFERED",
+               "response_body_mode": "NONE", "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+              {"send_body_without_waiting_for_header_response": True}),
+}
+
+
+def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int, kind: str = "epp") -> dict:
+    """Envoy asking the endpoint picker ``kind`` at ``picker`` (host, gRPC port) where each request goes."""
+    mode, extra = PROCESSING[kind]
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
-            # The picker reads the body (model, prompt) before it picks: stream it, as GIE's own config does.
-            "processing_mode": {
-                "request_header_mode": "SEND", "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
-            },
+            "processing_mode": mode,
             "message_timeout": "1000s",
+            **extra,
         },
     }
     original_dst = {

@@ -12,8 +12,14 @@ job's bridge (10.244.<n>.0/24, atom_localcluster/realnode.py) could collide with
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,13 +102,37 @@ def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: l
             argv = gie.picker_argv(kind, pool, namespace, grpc, health, metrics)
         picker, log = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
         wait_http(f"http://127.0.0.1:{metrics}/metrics", picker, log, timeout=120)
-        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
+        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin, kind)
     path = procs.workdir / f"{tag}-envoy.yaml"
     path.write_text(yaml.safe_dump(config))
     proxy, log = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
                                              "--log-level", "warn", "--base-id", str(listen)])
     wait_http(f"http://127.0.0.1:{admin}/ready", proxy, log, timeout=60)
-    return f"http://127.0.0.1:{listen}"
+    url = f"http://127.0.0.1:{listen}"
+    wait_routes_to_all(url, pods, model=pool)  # the engines serve the AtomDeployment's name
+    return url
+
+
+def wait_routes_to_all(url: str, pods: list[Pod], model: str, timeout: float = 90) -> None:
+    """Until requests through the router have reached every pod (a picker answers 5xx until it has synced its pool
+    and pods). The probes ask for more tokens than any engine allows, so each is refused with a 400 before it
+    touches a lane, a KV block or the prefix cache; under 64 characters, the picker's prefix index skips it."""
+    body = json.dumps({"model": model, "prompt": "probe", "max_tokens": 10**6}).encode()
+    start = {p.url: _rejected(p) for p in pods}
+    end = time.monotonic() + timeout
+    while any(_rejected(p) == start[p.url] for p in pods):
+        if time.monotonic() > end:
+            raise RuntimeError(f"the router at {url} did not reach every pod in {timeout:.0f}s")
+        request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        with contextlib.suppress(urllib.error.HTTPError, OSError):
+            urllib.request.urlopen(request, timeout=10).close()
+        time.sleep(0.2)
+
+
+def _rejected(pod: Pod) -> float:
+    with urllib.request.urlopen(f"{pod.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(v) for v in re.findall(r"^atom:requests_rejected_total{[^}]*} (\S+)$", text, re.M))
 
 
 def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: int, health: int,
@@ -114,5 +144,5 @@ def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: in
     deployment = cluster.get("deployment", "-n", namespace, pool + EPP_SUFFIX)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     ports = {"--grpc-port": grpc, "--grpc-health-port": health, "--metrics-port": metrics}
-    local = [str(ports[prev]) if prev in ports else arg for prev, arg in zip(["", *args], args, strict=True)]
+    local = [str(ports[prev]) if prev in ports else arg for prev, arg in zip(["", *args], args, strict=False)]
     return [str(gie.tools.path("epp")), *local, "--secure-serving=false"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import yaml
-from atom_engine.api import AtomDeploymentSpec
 from atom_localcluster import gie
+from atom_operator.api import AtomDeploymentSpec
 from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool
 from atom_operator.children.meta import Owner, selector_labels
 

@@ -37,7 +37,7 @@ def atom_deployment(name: str, namespace: str, *, lanes: int, kv_blocks: int, ro
 
 def install_crds(cluster: Cluster) -> None:
     """The AtomDeployment CRD and GIE's InferencePool CRD (from the pinned module)."""
-    from atom_engine.api.crd import render
+    from atom_operator.api.crd import render
 
     cluster.kubectl("apply", "-f", "-", input=render())
     cluster.kubectl("apply", "--server-side", "-f", str(gie.pool_crd()))

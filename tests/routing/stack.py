@@ -139,7 +139,7 @@ def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: in
                            metrics: int) -> list[str]:
     """The pinned EPP with the operator's ``<pool>-epp`` Deployment's args, on free local ports, and plain gRPC
     (the Envoy here speaks no TLS to it; in the cluster it serves TLS, as the extension's gateways expect)."""
-    from atom_operator.children.inferencepool import EPP_SUFFIX
+    from atom_operator.children.meta import EPP_SUFFIX
 
     deployment = cluster.get("deployment", "-n", namespace, pool + EPP_SUFFIX)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]

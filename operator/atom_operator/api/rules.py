@@ -27,6 +27,7 @@ CHILD_NAME_SUFFIXES = (
     "-prefill-config",
     "-decode-build",  # the compile Jobs (spec.model.compileCache)
     "-prefill-build",
+    "-epp",  # spec.routing.inferencePool's endpoint picker (Deployment, Service, ServiceAccount, Role, RoleBinding)
 )
 DNS_LABEL_MAX = 63
 NAME_MAX_LENGTH = DNS_LABEL_MAX - max(len(s) for s in CHILD_NAME_SUFFIXES)

@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from atom_operator.children.configmap import HTTP_PORT
-from atom_operator.children.meta import Owner, metadata, selector_labels
+from atom_operator.children.meta import EPP_SUFFIX, Owner, metadata, selector_labels
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_VERSION = "v1"
 POOL_PLURAL = "inferencepools"
 EPP_GRPC_PORT = 9002  # the port GIE's gateways and charts expect the picker's ext_proc service on
-EPP_SUFFIX = "-epp"
 
 
 def epp_name(owner: Owner) -> str:

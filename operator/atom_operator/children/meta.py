@@ -26,7 +26,9 @@ MANAGER = "atom-operator"
 
 # The suffixes are defined with the name-length limit (atom_operator.api.rules); unpack them so a new child
 # kind cannot be named here without the limit knowing about it.
-_SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG, _DECODE_BUILD, _PREFILL_BUILD = CHILD_NAME_SUFFIXES
+_SERVICE, _DECODE, _PREFILL, _DECODE_CONFIG, _PREFILL_CONFIG, _DECODE_BUILD, _PREFILL_BUILD, EPP_SUFFIX = (
+    CHILD_NAME_SUFFIXES
+)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ test-rngd: prereqs venv venv-rngd ## the rngd prefill graph compiled for real (c
 	$(PY) -m pytest tests/serving/test_pd_rngd.py -m rngd $(PYTEST_ARGS)
 
 .PHONY: test-routing
-test-routing: venv tools model ## prefix-aware routing on the harness: GIE's endpoint picker through Envoy vs random and round robin (marker slow; builds the pickers, fetches Envoy)
+test-routing: venv tools model ## prefix-aware routing on the harness: GIE's endpoint picker through Envoy vs random and round robin (marker slow; builds the picker, fetches Envoy)
 	$(PY) -m pytest tests/routing -m slow $(PYTEST_ARGS)
 
 .PHONY: prereqs
@@ -92,7 +92,7 @@ bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix ca
 	$(PY) benchmarks/bench_pd.py
 
 .PHONY: bench-routing
-bench-routing: venv tools model ## two decode replicas behind Envoy: GIE's EPP vs random vs lwepp round robin; writes benchmarks/results/routing.md
+bench-routing: venv tools model ## two decode replicas behind Envoy: GIE's EPP vs random vs round robin; writes benchmarks/results/routing.md
 	$(PY) benchmarks/bench_routing.py
 
 .PHONY: bench-operator

@@ -6,11 +6,12 @@ specs say on loopback addresses, see tests/routing/stack.py) behind Envoy, three
   epp     Envoy asking the Gateway API Inference Extension's endpoint picker (v1.5.0: prefix, queue and KV-usage
           scorers) through ext_proc, the pool being the InferencePool the operator made;
   random  Envoy picking a replica at random per request (what the plain ClusterIP Service does);
-  lwepp   Envoy asking GIE v1.6.0's lightweight picker, round robin over the same pool (cache-blind).
+  roundrobin  Envoy's own round robin over the same pods (cache-blind; standing in for GIE v1.6.0's lwepp, which
+          Envoy 1.40's ext_proc did not interoperate with here, see the README).
 
 Each run starts fresh engines (empty caches) and a fresh router, warms up with one request per prefix, then
 measures the prefix hit rate (from the engines' /metrics) and TTFT at the client (tests/routing/workload.py).
-Runs are interleaved (epp, random, lwepp, epp, ...) and each figure is the median over the repeats. Results go to
+Runs are interleaved (epp, random, roundrobin, epp, ...) and each figure is the median over the repeats. Results go to
 benchmarks/results/routing.md.
 
     .venv/bin/python benchmarks/bench_routing.py [--repeats 3]
@@ -90,7 +91,7 @@ def write(results: dict[str, list[Result]], w: Workload, lanes: int, kv_blocks: 
         "|---|---:|---:|---:|---:|---|---|",
     ]
     names = {"epp": "Envoy + GIE EPP v1.5.0 (prefix-aware)", "random": "Envoy, random pick (a Service)",
-             "lwepp": "Envoy + GIE lwepp v1.6.0 (round robin)"}
+             "roundrobin": "Envoy, round robin (for lwepp)"}
     for r, xs in results.items():
         m = med[r]
         lines.append(f"| {names[r]} | {m['hit_rate']:.3f} | {m['ttft_p50'] * 1e3:.0f} | {m['ttft_p90'] * 1e3:.0f} |"

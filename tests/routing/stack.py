@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from atom_localcluster import envoy, gie
+from atom_localcluster import envoy, tools
 from atom_localcluster.cluster import Cluster, free_port
 from atom_localcluster.processes import Processes, wait_http
 
@@ -89,20 +89,18 @@ def set_pod_ip(cluster: Cluster, namespace: str, pod: str, address: str) -> None
 
 def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: list[Pod], procs: Processes,
                  tag: str) -> str:
-    """Envoy in front of ``pods``: asking ``kind`` ("epp" or "lwepp") per request, or picking at random ("random").
-    Returns its base URL."""
+    """Envoy in front of ``pods``: asking the EPP per request ("epp"), or by its own RANDOM ("random") or
+    ROUND_ROBIN ("roundrobin") policy. Returns its base URL."""
     listen, admin = free_port(), free_port()
-    if kind == "random":
-        config = envoy.random_between([(p.address, p.port) for p in pods], listen, admin)
-    else:
+    if kind == "epp":
         grpc, health, metrics = free_port(), free_port(), free_port()
-        if kind == "epp":
-            argv = epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics)
-        else:
-            argv = gie.picker_argv(kind, pool, namespace, grpc, health, metrics)
-        picker, log = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
+        argv = epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics)
+        picker, log = procs.start(f"{tag}-epp", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
         wait_http(f"http://127.0.0.1:{metrics}/metrics", picker, log, timeout=120)
-        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin, kind)
+        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
+    else:
+        policy = {"random": "RANDOM", "roundrobin": "ROUND_ROBIN"}[kind]
+        config = envoy.balanced([(p.address, p.port) for p in pods], listen, admin, policy)
     path = procs.workdir / f"{tag}-envoy.yaml"
     path.write_text(yaml.safe_dump(config))
     proxy, log = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
@@ -145,4 +143,4 @@ def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: in
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     ports = {"--grpc-port": grpc, "--grpc-health-port": health, "--metrics-port": metrics}
     local = [str(ports[prev]) if prev in ports else arg for prev, arg in zip(["", *args], args, strict=False)]
-    return [str(gie.tools.path("epp")), *local, "--secure-serving=false"]
+    return [str(tools.path("epp")), *local, "--secure-serving=false"]

@@ -71,8 +71,11 @@ async def reconcile(
     if owner is None:
         return Outcome([], None)
     built = {j.key for j in observed.jobs.values() if j.state == "Succeeded"}
-    served = await routing.DISCOVERY.kinds(kube) if owner.spec.routing.inference_pool.enabled else frozenset()
+    enabled = owner.spec.routing.inference_pool.enabled
+    served = await routing.DISCOVERY.kinds(kube) if enabled and children_too else frozenset()
     wanted = build_children(owner, defaults, built, served)
+    # A status-only reconcile keeps the routing verdict of the last one that applied the children.
+    verdict = routing.condition(owner, served) if children_too else routing.previous(owner, body)
     changes = await converge(kube, body, owner, wanted, cache, cache_is_complete) if children_too else []
     hashes: dict[Role, str] = {}
     deployments: dict[Role, dict[str, Any] | None] = {}
@@ -94,7 +97,7 @@ async def reconcile(
         failed = [(p.role, p.failure) for p in pods if p.failure]
         built_report = artifacts.report(owner, wanted, observed.jobs, failed)
     new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu, built_report,
-                         routing.condition(owner, served))
+                         verdict)
     if _same(new, old):
         return Outcome(changes, None)
     try:

@@ -40,6 +40,16 @@ class Discovery:
 DISCOVERY = Discovery()
 
 
+def previous(owner: Owner, body: dict) -> tuple[bool, str, str] | None:
+    """The ``InferencePool`` condition as the status has it (None when routing is off or none was reported)."""
+    if not owner.spec.routing.inference_pool.enabled:
+        return None
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "InferencePool":
+            return c.get("status") == "True", c.get("reason", ""), c.get("message", "")
+    return None
+
+
 def condition(owner: Owner, served: Collection[str]) -> tuple[bool, str, str] | None:
     """(status, reason, message) of the ``InferencePool`` condition; None when routing is off."""
     pool = owner.spec.routing.inference_pool

@@ -30,17 +30,17 @@ def test_a_missing_crd_is_a_condition_and_its_arrival_makes_the_pool_and_its_pic
 
     cluster.kubectl("apply", "--server-side", "-f", str(gie.pool_crd()))
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{gie.POOL_CRD_NAME}", "--timeout=60s")
-    nudges = iter(range(10**6))
+    ports = iter(range(8001, 9000))
 
     def made_once_asked_again() -> dict | bool:
-        # The CRD's arrival changes nothing the operator watches: it looks again at its next reconcile of the
-        # object (any change to it, at the latest the resync) once its discovery (routing.TTL) has expired.
-        cluster.kubectl("annotate", "--overwrite", "atomdeployment", "llm", "-n", namespace,
-                        f"test.atom.dev/nudge={next(nudges)}")
+        # The CRD's arrival changes nothing the operator watches: it looks again when it next applies the children
+        # (a spec change, at the latest the resync) once its discovery answer (routing.TTL) has expired.
+        cluster.kubectl("patch", "atomdeployment", "llm", "-n", namespace, "--type=merge",
+                        "-p", f'{{"spec": {{"service": {{"port": {next(ports)}}}}}}}')
         c = condition(get(cluster, namespace), "InferencePool")
         return c.get("status") == "True" and c
 
-    made = wait_for(made_once_asked_again, "the pool once the CRD is there", timeout=routing.TTL + 90, interval=2)
+    made = wait_for(made_once_asked_again, "the pool once the CRD is there", timeout=routing.TTL + 90, interval=5)
     assert made["reason"] == "PoolCreated"
     pool = cluster.get("inferencepool", "llm", "-n", namespace)
     assert pool["spec"]["endpointPickerRef"]["name"] == "llm-epp"

@@ -52,8 +52,8 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="atom-bench-routing-") as tmp, Cluster() as cluster:
         work = Path(tmp)
-        op = OperatorProcess(cluster, work / "operator-work")
         (work / "operator-work").mkdir()
+        op = OperatorProcess(cluster, work / "operator-work")
         scenario.install_crds(cluster)
         op.start()
         try:

@@ -79,16 +79,34 @@ class ReadyWatch(threading.Thread):
         self.api, self.watch, self.stopped = api(cluster), Watch(), False
 
     def run(self) -> None:
-        events = self.watch.stream(self.api.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL)
-        try:
-            for event in events:
-                obj = event["object"]
-                conds = (obj.get("status") or {}).get("conditions") or []
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-                    self.ready.setdefault(obj["metadata"]["name"], time.time())
-        except Exception:
-            if not self.stopped:  # after stop() the cluster goes away under the open watch
-                raise
+        # The watch can end under load: the server closes it, or the history it resumes from was compacted (410,
+        # which Watch retries once and then raises). A list then gives the present state and a version to watch
+        # from again, so no Ready is lost; one seen only by that list is stamped when the list returns (late, never
+        # early). Before the kubernetes client, `kubectl get -w` did the same.
+        version = None
+        while not self.stopped:
+            try:
+                if version is None:
+                    listing = self.api.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+                    for obj in listing["items"]:
+                        self._stamp(obj)
+                    version = listing["metadata"]["resourceVersion"]
+                for event in self.watch.stream(self.api.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE,
+                                               PLURAL, resource_version=version, allow_watch_bookmarks=True):
+                    if event["type"] != "BOOKMARK":
+                        self._stamp(event["object"])
+                    version = self.watch.resource_version or version
+            except Exception as e:
+                if self.stopped:  # after stop() the cluster goes away under the open watch
+                    return
+                print(f"ready-watch: {type(e).__name__}: {e}; listing again", file=sys.stderr, flush=True)
+                version = None
+                time.sleep(1)
+
+    def _stamp(self, obj: dict) -> None:
+        conds = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+            self.ready.setdefault(obj["metadata"]["name"], time.time())
 
     def stop(self) -> None:
         self.stopped = True

@@ -21,7 +21,7 @@ import kopf
 import pytest
 import yaml
 from atom_localcluster import tools
-from atom_operator import kube, runtime, webhook
+from atom_operator import kube, routing, runtime, webhook
 from atom_operator.api.crd import CRD_NAME, render
 from atom_operator.children import Defaults
 from atom_operator.kube import ApiError, Kube
@@ -419,6 +419,8 @@ def needed_permissions() -> set[tuple[str, str]]:
     needs |= {(verb, "customresourcedefinitions.apiextensions.k8s.io") for verb in ("list", "watch")}
     for kind, (group, _, plural) in kube.KINDS.items():
         qualified = f"{plural}.{group}" if group else plural
+        if kind in routing.OPTIONAL_KINDS:
+            continue  # their CRDs are not in this cluster, so can-i cannot resolve them: checked on the rendered role
         if kind == "AtomDeployment":
             needs.add(("patch", f"{qualified}/status"))  # Kube.patch_status
         elif kind == "Event":
@@ -428,6 +430,16 @@ def needed_permissions() -> set[tuple[str, str]]:
         else:  # children: Kube.get, .apply (server-side apply: patch, and create when it makes the object), .delete
             needs |= {(v, qualified) for v in ("get", "patch", "create", "delete")}
     return needs
+
+
+def test_cluster_role_grants_the_optional_routing_kinds(tmp_path: Path) -> None:
+    """spec.routing.inferencePool's InferencePool and HTTPRoute, whose CRDs may be missing: read from the role."""
+    role = next(o for o in render_chart(tmp_path, "atom-system", {}) if o and o["kind"] == "ClusterRole")
+    for kind in routing.OPTIONAL_KINDS:
+        group, _, plural = kube.KINDS[kind]
+        verbs = {v for r in role["rules"] if group in r.get("apiGroups", []) and plural in r.get("resources", [])
+                 for v in r["verbs"]}
+        assert {"get", "create", "patch", "delete"} <= verbs, f"{kind}: {sorted(verbs)}"
 
 
 def test_service_account_can_do_what_the_operator_needs(cluster, release: Release) -> None:

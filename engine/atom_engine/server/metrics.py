@@ -116,6 +116,10 @@ class ServerMetrics:
                              registry=self.registry, buckets=_buckets(0.0005, 5.0))
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.", labels,
                              registry=self.registry, buckets=_buckets(0.005, 300.0))
+        # The model's series exist from the start (zero counts), as vLLM's do: a scraper or router that reads
+        # them before the first request finds them instead of an absent metric.
+        for histogram in (self.ttft, self.itl, self.e2e):
+            histogram.labels(model_name=model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -64,12 +64,20 @@ def helm_uninstall(cluster: Cluster) -> None:
 
 
 EXAMPLE = REPO / "examples" / "atomdeployment-pd.yaml"
+# The test nodes have this machine's CPUs (2 here), and the operator's default request for the cpu backend is 2 CPUs
+# a pod (atom_operator.sizing.CPU_REQUEST): decode, prefill and a rollout's surge pod would not fit.
+POD_CPU = "250m"
+
+
 def atomdeployment(name: str | None = None) -> dict:
     """examples/atomdeployment-pd.yaml, as users apply it: decode + prefill on the cpu backend with builtin:tiny,
-    each pod taking one NPU (rebellions.ai/npu) through resources.limits as an NPU model would."""
+    each pod taking one NPU (rebellions.ai/npu) through resources.limits as an NPU model would; each role asks
+    for :data:`POD_CPU`, which the small test nodes can hold."""
     obj = yaml.safe_load(EXAMPLE.read_text())
     if name:
         obj["metadata"]["name"] = name
+    for role in ("decode", "prefill"):
+        obj["spec"][role].setdefault("resources", {}).setdefault("requests", {})["cpu"] = POD_CPU
     return obj
 
 

@@ -281,12 +281,7 @@ def test_kind_install_serve_roll_and_delete(kind_cluster: KindCluster, request: 
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     kind_cluster.kubectl("create", "namespace", namespace)
 
-    spec = scenario.atomdeployment()
-    for role in ("decode", "prefill"):
-        # The kind node has this machine's CPUs (2 here) and the operator's default request for the cpu backend is
-        # 2 CPUs a pod (atom_operator.sizing.CPU_REQUEST): decode, prefill and a rollout's surge pod would not fit.
-        spec["spec"][role]["resources"].setdefault("requests", {})["cpu"] = "250m"
-    kind_cluster.apply(spec, "-n", namespace)
+    kind_cluster.apply(scenario.atomdeployment(), "-n", namespace)
     status = scenario.wait_ready(kind_cluster, namespace, NAME)["status"]
     assert status["decode"]["summary"] == "1/1" and status["prefill"]["summary"] == "1/1"
     with scenario.openai_api(kind_cluster, namespace, NAME) as api:

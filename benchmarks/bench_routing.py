@@ -1,7 +1,7 @@
 """Prefix-aware routing across decode replicas (``make bench-routing``; not a test).
 
 Two decode replicas of SmolLM2-135M (an AtomDeployment on the local control plane, its engines run as the pod
-specs say on loopback addresses, see tests/routing/stack.py) behind Envoy, three ways:
+specs say on loopback addresses, see atom_localcluster/routing/stack.py) behind Envoy, three ways:
 
   epp     Envoy asking the Gateway API Inference Extension's endpoint picker (v1.5.0: prefix, queue and KV-usage
           scorers) through ext_proc, the pool being the InferencePool the operator made;
@@ -10,7 +10,8 @@ specs say on loopback addresses, see tests/routing/stack.py) behind Envoy, three
           Envoy 1.40's ext_proc did not interoperate with here, see the README).
 
 Each run starts fresh engines (empty caches) and a fresh router, warms up with one request per prefix, then
-measures the prefix hit rate (from the engines' /metrics) and TTFT at the client (tests/routing/workload.py).
+measures the prefix hit rate (from the engines' /metrics) and TTFT at the client
+(atom_localcluster/routing/workload.py).
 Runs are interleaved (epp, random, roundrobin, epp, ...) and each figure is the median over the repeats. Results go to
 benchmarks/results/routing.md.
 
@@ -28,14 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from atom_localcluster.cluster import Cluster
+from atom_localcluster.operator import OperatorProcess
+from atom_localcluster.routing import scenario
+from atom_localcluster.routing.workload import Result, Workload
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from atom_localcluster.cluster import Cluster  # noqa: E402
-from atom_localcluster.operator import OperatorProcess  # noqa: E402
-
-from tests.routing import scenario  # noqa: E402
-from tests.routing.workload import Result, Workload  # noqa: E402
 
 NAMESPACE = "bench-routing"
 NAME = "smollm2"

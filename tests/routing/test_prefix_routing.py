@@ -10,9 +10,8 @@ own prefix-cache counters.
 from __future__ import annotations
 
 import pytest
-
-from tests.routing import scenario
-from tests.routing.workload import Workload
+from atom_localcluster.routing import scenario
+from atom_localcluster.routing.workload import Workload
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -12,16 +12,15 @@ from pathlib import Path
 from atom_localcluster import gie
 from atom_localcluster.cluster import Cluster
 from atom_localcluster.processes import Processes
-
-from tests.routing import stack
-from tests.routing.workload import Result, Workload, run
+from atom_localcluster.routing import stack
+from atom_localcluster.routing.workload import Result, Workload, run
 
 # GIE's EPP; Envoy's random pick (a Service); Envoy's round robin, standing in for GIE v1.6.0's lwepp (it built and
 # ran, but Envoy 1.40's ext_proc and it found no common processing mode: see the README).
 ROUTERS = ("epp", "random", "roundrobin")
 MODEL = "builtin:smollm2-135m"
 # (lanes, kvBlocks) per replica: up to kvBlocks - 1 - lanes busy prefix-cache entries, between a half and the
-# whole of the workload's prefixes (tests/routing/workload.py): they fit the two replicas, not one.
+# whole of the workload's prefixes (atom_localcluster/routing/workload.py): they fit the two replicas, not one.
 SIZING = (1, 8)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from atom_localcluster import envoy, tools
 from atom_localcluster.cluster import Cluster, free_port
 from atom_localcluster.processes import Processes, wait_http

@@ -118,7 +118,9 @@ def test_the_fakes_rules_match_the_real_package_here(compiled) -> None:  # noqa:
     with pytest.raises(RuntimeError, match="num_fusion is already set"):
         furiosa.torch.set_fusion(4)
     assert furiosa.torch.is_available()  # with no NPU at all
-    with pytest.raises(torch.OutOfMemoryError, match="failed to allocate 16 bytes"):
+    # The size in the message is the driverless allocator's own (16 bytes on one machine, 4096 on another): the
+    # fact the fake copies is the OutOfMemoryError and its wording, not a host's rounding.
+    with pytest.raises(torch.OutOfMemoryError, match=r"failed to allocate \d+ bytes"):
         torch.zeros(4, device="furiosa:0")
     with pytest.raises(ValueError, match="Runnable is not loaded"):
         module(*host_args())  # the real CompileModule, never moved to a device

@@ -138,7 +138,8 @@ class Runtime:
     def _allocate(self, device: str, nbytes: int) -> None:
         device = self._check_device(device)
         # Without the driver the first allocation fails, not import or is_available() (observed:
-        # "torch.OutOfMemoryError: failed to allocate 16 bytes" after librenegade.so fails to open).
+        # "torch.OutOfMemoryError: failed to allocate 16 bytes", 4096 on another host, after librenegade.so fails
+        # to open).
         if self.chips == 0:
             raise torch.OutOfMemoryError(f"failed to allocate {nbytes} bytes")
         pes = self._fused()

@@ -14,7 +14,7 @@ from typing import Any
 
 from atom_operator.api import AtomDeploymentSpec, problems
 from atom_operator.api.kube import depth
-from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, npu_demand, vendor_resources
+from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, fusion_refusals, npu_demand, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
 # nothing downstream, pydantic or kopf's diffing, gets near Python's recursion limit.
@@ -56,6 +56,9 @@ def review(
     if isinstance(old, Mapping) and old.get("spec") == obj.get("spec"):
         return Verdict()
     spec = AtomDeploymentSpec.model_validate(obj["spec"])
+    refusals = fusion_refusals(spec, profile)  # needs this cluster's resource names, which the CRD's rules lack
+    if refusals:
+        return Verdict(refusals)
     return Verdict(warnings=[*npu_warnings(spec, allocatable, profile), *volume_warnings(spec, obj, claims)])
 
 

@@ -59,6 +59,22 @@ def rngd_partitions_per_card(resource: str) -> int:
     if resource == RNGD_RESOURCE:
         return 1
     return RNGD_CORES // int(resource.removeprefix(RNGD_RESOURCE + "-").split("core")[0])
+
+
+def rngd_pes(resource: str, devices: int) -> int | None:
+    """The PEs an rngd pod's engine fuses into its one device (its ``rngd_pes`` setting): None for whole cards (the
+    engine fuses the 8 PEs of each card it is given), a partition's cores for one partition. Partitions of a card
+    are the device plugin's split of it: a pod given two may hold parts of two cards, which furiosa-torch cannot fuse
+    into one device, so a partitioned pod takes exactly one."""
+    if resource == RNGD_RESOURCE:
+        return None
+    if devices != 1:
+        raise ValueError(f"rngd pods request {resource}, a partition of an RNGD card: npusPerReplica must be 1 (the"
+                         f" engine fuses one partition's cores into its device); got {devices}; for more PEs use a"
+                         " larger partition or whole cards (the operator's NPU profile, npu.rngd.resource)")
+    return RNGD_CORES // rngd_partitions_per_card(resource)
+
+
 RNGD_FAMILY, RNGD_PRODUCTS = "rngd", ("rngd", "rngd-s", "rngd-max")
 
 # The names each backend may be configured with: what the vendors' plugins can advertise, nothing else, so a typo
@@ -146,6 +162,10 @@ class NpuProfile(_Profile):
         vendor = self.of(backend)
         return dict(vendor.node_selector) if vendor else {}
 
+    def rngd_pes(self, backend: str, devices: int) -> int | None:
+        """The engine's ``rngd_pes`` for a pod of ``backend`` given ``devices`` of this cluster's rngd resource."""
+        return rngd_pes(self.rngd.resource, devices) if backend == "rngd" else None
+
     def seccomp(self, backend: str) -> dict[str, str]:
         """The seccompProfile of the backend's pods: RuntimeDefault, but RNGD's driver needs io_uring."""
         return self.rngd.seccomp() if backend == "rngd" else {"type": "RuntimeDefault"}
@@ -171,6 +191,18 @@ class NpuProfile(_Profile):
 
 
 DEFAULT_PROFILE = NpuProfile()
+
+
+def fusion_refusals(spec: AtomDeploymentSpec, profile: NpuProfile = DEFAULT_PROFILE) -> list[str]:
+    """Why an rngd role cannot have one furiosa device from what its pods request (:func:`rngd_pes`), if so."""
+    out = []
+    for name, role in (("decode", spec.decode), ("prefill", spec.prefill)):
+        if role.backend == "rngd" and role.replicas:
+            try:
+                rngd_pes(profile.rngd.resource, role.npus_per_replica)
+            except ValueError as e:
+                out.append(f"spec.{name}.npusPerReplica: {e}")
+    return out
 
 
 def npu_demand(spec: AtomDeploymentSpec, profile: NpuProfile = DEFAULT_PROFILE) -> dict[str, int]:

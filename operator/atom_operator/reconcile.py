@@ -17,6 +17,7 @@ from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, workload_name
 from atom_operator.kube import ApiError, Kube
+from atom_operator.npu import fusion_refusals
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ async def reconcile(
         cache, cache_is_complete = ChildCache(), False
     owner = owner_of(body)
     if owner is None:
+        return Outcome([], None)
+    refusals = fusion_refusals(owner.spec, defaults.npu)
+    if refusals:
+        # The webhook refuses such specs; one admitted under another NPU profile is left as it is, said in the log.
+        log.warning("skip AtomDeployment %s/%s: %s", owner.namespace, owner.name, "; ".join(refusals))
         return Outcome([], None)
     built = {j.key for j in observed.jobs.values() if j.state == "Succeeded"}
     enabled = owner.spec.routing.inference_pool.enabled

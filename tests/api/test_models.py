@@ -235,7 +235,7 @@ def test_a_profile_naming_the_other_atom_scheme_gets_a_hint_with_the_advertised_
 
 def test_the_rngd_demand_is_counted_under_a_partitioned_name() -> None:
     profile = NpuProfile(rngd={"resource": "furiosa.ai/rngd-2core.12gb"})
-    s = spec({"replicas": 1}, {"replicas": 3, "backend": "rngd", "npusPerReplica": 2})
+    s = spec({"replicas": 1}, {"replicas": 6, "backend": "rngd", "npusPerReplica": 1})
     assert npu_demand(AtomDeploymentSpec.model_validate(s), profile) == {
         "rebellions.ai/npu": 1,
         "furiosa.ai/rngd-2core.12gb": 6,
@@ -244,9 +244,25 @@ def test_the_rngd_demand_is_counted_under_a_partitioned_name() -> None:
         _obj(s), allocatable={"rebellions.ai/npu": 8, "furiosa.ai/rngd-2core.12gb": 4}, profile=profile
     )
     assert verdict.warnings == [
-        "needs 6 furiosa.ai/rngd-2core.12gb, cluster has 4 allocatable (prefill 3 × 2); pods that do not fit stay"
+        "needs 6 furiosa.ai/rngd-2core.12gb, cluster has 4 allocatable (prefill 6 × 1); pods that do not fit stay"
         " Pending"
     ]
+
+
+def test_two_partitions_of_an_rngd_card_for_one_pod_are_refused() -> None:
+    # furiosa-torch fuses one device from one card's PEs; two partitions may sit on two cards (atom_operator.npu).
+    profile = NpuProfile(rngd={"resource": "furiosa.ai/rngd-2core.12gb"})
+    verdict = admission.review(_obj(spec({"replicas": 1}, {"replicas": 1, "backend": "rngd", "npusPerReplica": 2})),
+                               profile=profile)
+    assert not verdict.allowed
+    assert verdict.refusals == [
+        "spec.prefill.npusPerReplica: rngd pods request furiosa.ai/rngd-2core.12gb, a partition of an RNGD card:"
+        " npusPerReplica must be 1 (the engine fuses one partition's cores into its device); got 2; for more PEs"
+        " use a larger partition or whole cards (the operator's NPU profile, npu.rngd.resource)"
+    ]
+    # Whole cards fuse: two of them are one 16-PE device.
+    whole_cards = spec({"replicas": 1}, {"replicas": 1, "backend": "rngd", "npusPerReplica": 2})
+    assert admission.review(_obj(whole_cards)).allowed
 
 
 @pytest.mark.parametrize(("decode", "prefill", "dtype", "want"), [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import yaml
 from atom_engine.settings import EngineSettings
 from atom_operator.api import AtomDeploymentSpec
@@ -268,20 +269,41 @@ LEGACY = NpuProfile(
 )
 
 
+# One 2-core partition a prefill pod (two could be parts of two cards: atom_operator.npu.rngd_pes).
+PD_PARTITIONED = {**PD, "prefill": {**PD["prefill"], "npusPerReplica": 1}}
+
+
 def test_pods_request_the_clusters_resource_names_and_select_its_labels() -> None:
-    kids = build_children(owner(**PD), replace(DEFAULTS, npu=LEGACY)).desired
+    kids = build_children(owner(**PD_PARTITIONED), replace(DEFAULTS, npu=LEGACY)).desired
     pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in kids if c["kind"] == "Deployment"}
     decode, prefill = pods["llm-decode"], pods["llm-prefill"]
     npus = {r: q for r, q in decode["containers"][0]["resources"]["limits"].items() if "/" in r}
     assert npus == {"rebellions.ai/ATOM": "4"}
     assert decode["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
     npus = {r: q for r, q in prefill["containers"][0]["resources"]["limits"].items() if "/" in r}
-    assert npus == {"furiosa.ai/rngd-2core.12gb": "2"}
+    assert npus == {"furiosa.ai/rngd-2core.12gb": "1"}
     assert prefill["nodeSelector"] == {"furiosa.ai/npu.product": "rngd-max"}
     # The default profile names neither: one source of truth decides, nothing else spells a resource name.
     default = by_kind(owner(**PD))[("Deployment", "llm-decode")]["spec"]["template"]["spec"]
     npus = {r: q for r, q in default["containers"][0]["resources"]["limits"].items() if "/" in r}
     assert npus == {"rebellions.ai/npu": "4"}
+
+
+def test_an_rngd_engine_fuses_the_pes_its_pod_is_given() -> None:
+    def engine_yaml(spec: dict, profile: NpuProfile) -> dict:
+        kids = build_children(owner(**spec), replace(DEFAULTS, npu=profile)).desired
+        [config] = [c for c in kids if c["metadata"]["name"] == "llm-prefill-config"]
+        return yaml.safe_load(config["data"]["engine.yaml"])
+
+    # A 2-core partition: its 2 PEs (compiled graphs are bound to the fusion, and the card has no more for the pod).
+    partitioned = engine_yaml(PD_PARTITIONED, LEGACY)
+    assert partitioned["rngdPes"] == 2 and partitioned["numDevices"] == 1
+    # Whole cards: unset, so the engine fuses the 8 PEs of each of its numDevices cards.
+    whole = engine_yaml(PD, NpuProfile())
+    assert "rngdPes" not in whole and whole["numDevices"] == 2
+    # Two partitions cannot be one device: the webhook refuses it (tests/api), and building says why.
+    with pytest.raises(ValueError, match="a partition of an RNGD card: npusPerReplica must be 1"):
+        engine_yaml(PD, LEGACY)
 
 
 def test_network_policies_let_clients_reach_decode_and_only_decode_reach_prefill() -> None:

@@ -80,7 +80,8 @@ def test_a_legacy_cluster_profile_puts_the_pods_on_the_rebellions_ai_atom_and_pa
             cluster,
             namespace,
             decode={"replicas": 2, "npusPerReplica": 2},
-            prefill={"replicas": 2, "backend": "rngd", "npusPerReplica": 2},
+            # One partition a pod: two could be parts of two cards, which one furiosa device cannot fuse.
+            prefill={"replicas": 2, "backend": "rngd", "npusPerReplica": 1},
         )
         wait_for(lambda: ready(cluster, namespace), "Ready on the legacy-named and partitioned nodes")
         for pod, node in placed(cluster, namespace, "decode"):
@@ -88,7 +89,7 @@ def test_a_legacy_cluster_profile_puts_the_pods_on_the_rebellions_ai_atom_and_pa
             assert node["status"]["allocatable"]["rebellions.ai/ATOM"] == "4"
             assert "rebellions.ai/npu" not in node["status"]["allocatable"]
         for pod, node in placed(cluster, namespace, "prefill"):
-            assert npus(pod["spec"]["containers"][0]["resources"]["limits"]) == {"furiosa.ai/rngd-2core.12gb": "2"}
+            assert npus(pod["spec"]["containers"][0]["resources"]["limits"]) == {"furiosa.ai/rngd-2core.12gb": "1"}
             assert node["metadata"]["name"] == PARTITIONED.name
     finally:
         op.restart()

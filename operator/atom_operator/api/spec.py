@@ -268,12 +268,14 @@ PREFILL_KV_BLOCKS = 2
 
 
 def engine_settings(
-    spec: AtomDeploymentSpec, role: Role, *, name: str, prefill_workers: str | None = None
+    spec: AtomDeploymentSpec, role: Role, *, name: str, prefill_workers: str | None = None,
+    rngd_pes: int | None = None,
 ) -> EngineSettings:
     """The settings one ``role`` pod of the deployment ``name`` runs with.
 
     ``prefill_workers`` is the host:port of the prefill Service; decode pods get it whenever prefill workers
-    exist (it is required then), prefill pods never (they prefill locally and ship the KV).
+    exist (it is required then), prefill pods never (they prefill locally and ship the KV). ``rngd_pes``: the PEs
+    an rngd pod fuses, from the cluster's resource name (``atom_operator.npu.rngd_pes``; None: whole cards).
     """
     if role == "standalone":
         raise ValueError("an AtomDeployment runs decode and prefill pods, not standalone engines")
@@ -299,5 +301,6 @@ def engine_settings(
         # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
         # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.
         num_devices=max(npus, 1),
+        rngd_pes=rngd_pes,
         compile_cache_dir=COMPILE_CACHE_PATH if spec.model.compile_cache else None,
     )

@@ -43,7 +43,7 @@ def build_children(
     ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for."""
     roles: list[Role] = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
     desired: list[dict[str, Any]] = []
-    configs = {role: build_configmap(owner, role) for role in roles}
+    configs = {role: build_configmap(owner, role, defaults) for role in roles}
     desired.extend(configs.values())
     desired.append(build_service(owner))
     if "prefill" in roles:

@@ -18,14 +18,14 @@ demo: venv tools model ## the main job on the embedded default (see README)
 
 .PHONY: test
 test: prereqs venv venv-rngd tools device-plugin-stubs model judges ## install what the tests need (.venv, .venv-rngd, the pinned tools, Debian packages, the models, the judges), run the whole suite, then the kind e2e
-	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
 
 .PHONY: test-rngd
-test-rngd: prereqs venv venv-rngd ## the rngd prefill graph compiled for real (cached under ~/.cache/atom/rngd-artifacts), its backend and PD rngd->cpu/atom
-	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd -m "rngd or not rngd" $(PYTEST_ARGS)
-	$(PY) -m pytest tests/serving/test_pd_rngd.py -m rngd $(PYTEST_ARGS)
+test-rngd: prereqs venv venv-rngd ## only the rngd tests (make test runs them too): the prefill graph compiled for real (cached under ~/.cache/atom/rngd-artifacts), its backend, PD rngd->cpu/atom
+	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd $(PYTEST_ARGS)
+	$(PY) -m pytest -m rngd $(PYTEST_ARGS)
 
 .PHONY: test-routing
 test-routing: venv tools model ## prefix-aware routing on the harness: GIE's endpoint picker through Envoy vs random and round robin (marker slow; builds the picker, fetches Envoy)
@@ -68,11 +68,11 @@ crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from
 	$(PY) -m atom_operator.api.reference docs/atomdeployment.md
 
 .PHONY: docker-build
-docker-build: venv ## build the operator and engine images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
-	$(PY) -m atom_localcluster.docker build operator engine $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
+docker-build: venv ## build the operator, engine and engine-rngd images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
+	$(PY) -m atom_localcluster.docker build operator engine engine-rngd $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
 
 .PHONY: docker-lock
-docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock (after make lock)
+docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock, engine-rngd.lock from rngd.lock
 	$(PY) -m atom_localcluster.docker lock
 
 .PHONY: e2e-kind

@@ -8,8 +8,10 @@ import furiosa_fake
 import pytest
 import torch
 
+from tests.rngd.conftest import RNGD_PES
+
 pytestmark = pytest.mark.timeout(900)
-PES = 8  # the rngd backend's fusion for one RNGD; a process fixes its fusion once
+PES = RNGD_PES  # the rngd backend tests' fusion: one pytest process fixes its fusion once, for every test
 
 
 class Step(torch.nn.Module):
@@ -73,7 +75,7 @@ def test_the_fake_refuses_what_the_runtime_refuses(compiled) -> None:  # noqa: A
     other = furiosa_fake.Runtime()
     other.set_fusion(4)  # a process that fused 4 PEs
     with pytest.raises(RuntimeError, match=r"Expected device fusion of compiled Runnable doesn't match current"
-                                           r" device fusion \(8 != 4\)"):
+                                           rf" device fusion \({PES} != 4\)"):
         other.module(module, program).to("furiosa:0")(*[other.to_device(t, "furiosa:0") for t in host_args()])
 
 

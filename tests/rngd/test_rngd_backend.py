@@ -14,7 +14,7 @@ from atom_engine import artifacts
 from atom_engine.backends.rngd import GRAPH_FILE
 from atom_engine.pd.worker import PrefillWorker
 
-from tests.rngd.conftest import rngd_settings
+from tests.rngd.conftest import RNGD_PES, rngd_settings
 
 pytestmark = [pytest.mark.timeout(3600), pytest.mark.rngd]  # a cold artifact cache compiles first (minutes)
 PROMPTS = [list(range(30, 30 + 5)), list(range(100, 100 + 16)), list(range(7, 7 + 37))]  # < one, one, 3 chunks
@@ -44,7 +44,7 @@ def test_the_real_compiler_builds_the_prefill_artifact(dtype: str) -> None:
     assert m["backend"] == "rngd" and m["dtype"] == dtype and m["sdk"]["name"] == "furiosa-torch"
     assert m["sdk"]["version"] == "2026.4.0" and m["kvBlocks"] == 2 and m["prefillChunk"] == 16
     [graph] = m["graphs"]
-    assert graph["expectedNumFusion"] == 8  # one RNGD, all its 8 PEs fused into one device
+    assert graph["expectedNumFusion"] == RNGD_PES  # bound to the fusion set before the compile
     assert graph["inputInfo"][0] == [[1, 16], "int64"] and len(graph["inputInfo"]) == 5 + 2 * 2
     blob = (art.path / GRAPH_FILE).read_bytes()
     assert blob == backend.inner.serialize()
@@ -72,7 +72,18 @@ def test_rngd_ships_what_the_cpu_backend_ships(dtype: str) -> None:
             scale = 1e-5 if dtype == "float32" else 2e-2
             for a, b in ((got.k, want.k), (got.v, want.v), (got.logits, want.logits)):
                 torch.testing.assert_close(a.float(), b.float(), atol=scale * b.float().abs().max().item(), rtol=0)
-            assert int(got.logits.argmax()) == int(want.logits.argmax())
+            assert_same_token_or_a_tie(got.logits, want.logits)
+
+
+def assert_same_token_or_a_tie(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same greedy token, unless the cpu backend scores both tokens equal to within one unit in the last place
+    of the dtype (in bfloat16, prompt 0 of PROMPTS has two tokens at exactly 11.5 on the cpu backend; the rngd graph,
+    which attends in float32 over the whole block, puts one of them 1 ulp higher)."""
+    picked, expected = int(got.argmax()), int(want.argmax())
+    if picked != expected:
+        top = want[expected].float()
+        ulp = torch.finfo(want.dtype).eps * top.abs()
+        assert top - want[picked].float() <= ulp, (picked, expected, float(top), float(want[picked]))
 
 
 def test_a_mismatching_artifact_is_refused(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-# Two images from one file:
-#   docker build --target operator -t atom-operator:0.1.0 .   the operator (kopf), without torch
-#   docker build --target engine   -t atom-engine:0.1.0 .     the serving engine, torch on the CPU by default
-# `make docker-build` builds both (python -m atom_localcluster.docker build operator engine), also where nothing
+# Three images from one file:
+#   docker build --target operator    -t atom-operator:0.1.0 .     the operator (kopf), without torch
+#   docker build --target engine      -t atom-engine:0.1.0 .       the serving engine, torch on the CPU by default
+#   docker build --target engine-rngd -t atom-engine-rngd:0.1.0 .  the engine for rngd prefill pods: FuriosaAI's
+#                                                                  furiosa-torch and the torch 2.10 it pins
+# `make docker-build` builds all three (python -m atom_localcluster.docker build ...), also where nothing
 # can be pulled and the package index is not reachable from containers (see localcluster/atom_localcluster/docker.py).
 #
 # Build arguments:
@@ -68,6 +70,38 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
 # Where builtin:<name> checkpoints are looked for (atom_engine.model.builtin): an image built FROM this one bakes a
 # converted model in with `COPY <dir printed by: python -m atom_engine.model.builtin path smollm2-135m>
 # /opt/atom/models/<that dir's name>`; without one, serve a checkpoint by path from a volume instead.
+ENV ATOM_MODELS_DIR=/opt/atom/models
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["atom-engine"]
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine of rngd prefill pods (FuriosaAI RNGD). furiosa-torch pins torch 2.10, so this image has its own lock
+# (requirements/engine-rngd.lock, pinned by requirements/rngd.lock, which its tests run with). The device's
+# driver-side library and kernel driver come from the node (Furiosa's device plugin mounts them), not the image.
+FROM ${BASE_IMAGE} AS engine-rngd
+ARG WHEELS_URL=""
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/atom \
+    PATH=/opt/atom/bin:$PATH \
+    HOME=/tmp
+# furiosa-torch's compiler shells out to aarch64-linux-gnu-gcc, which its wheel does not declare; a pod with no
+# compiled artifact yet compiles at start. A base that has the cross compiler already (the local debootstrap base
+# for this target) skips the install.
+RUN command -v aarch64-linux-gnu-gcc >/dev/null \
+ || { apt-get update && apt-get install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+      && rm -rf /var/lib/apt/lists/*; }
+RUN python3 -m venv /opt/atom
+COPY requirements/engine-rngd.lock /tmp/requirements.lock
+RUN pip install --quiet --no-deps ${WHEELS_URL:+--no-index --find-links "$WHEELS_URL"} -r /tmp/requirements.lock \
+ && rm /tmp/requirements.lock
+COPY engine/ /tmp/src/engine/
+RUN pip install --quiet --no-deps --no-build-isolation /tmp/src/engine && rm -rf /tmp/src
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin atom
 ENV ATOM_MODELS_DIR=/opt/atom/models
 USER 10001:10001
 EXPOSE 8000

@@ -19,7 +19,8 @@ Command line (also what the Makefile calls)::
     python -m atom_localcluster.docker daemon            # make sure a daemon answers
     python -m atom_localcluster.docker base              # build or reuse the local base image, print its tag
     python -m atom_localcluster.docker build operator engine
-    python -m atom_localcluster.docker lock              # regenerate requirements/{operator,engine}.lock
+    python -m atom_localcluster.docker build engine-rngd # the rngd prefill image (furiosa-torch, torch 2.10)
+    python -m atom_localcluster.docker lock              # regenerate requirements/{operator,engine,engine-rngd}.lock
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from atom_localcluster.tools import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 REQUIREMENTS = REPO / "requirements"
-TARGETS = ("operator", "engine")
+TARGETS = ("operator", "engine", "engine-rngd")
+# The project package each image installs: its version tags the image, its CLI is the entrypoint.
+PACKAGE = {"operator": "operator", "engine": "engine", "engine-rngd": "engine"}
 # The Dockerfile's default BASE_IMAGE; used by the tooling only when it is already present or can be pulled.
 PUBLIC_BASE = "python:3.11-slim"
 # The wheel server listens here when the port is free. The URL is a build argument and so part of the layer
@@ -55,16 +58,33 @@ PUBLIC_BASE = "python:3.11-slim"
 WHEELS_PORT = 38411
 # The images' Python: wheels are fetched for it, whatever interpreter runs this module.
 IMAGE_PYTHON = "3.11"
+
+
+def _serve_extra_without_torch() -> tuple[str, ...]:
+    """The engine's ``serve`` extra (engine/pyproject.toml) less torch, whose version a vendor stack decides."""
+    with open(REPO / "engine" / "pyproject.toml", "rb") as f:
+        serve = tomllib.load(f)["project"]["optional-dependencies"]["serve"]
+    return tuple(req for req in serve if not req.startswith("torch"))
+
+
 # Lock subsets: what each image installs. `setuptools` is the build backend of engine/ and operator/, which the
 # Dockerfile builds without network (--no-build-isolation), so it is pinned with the rest.
 LOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "operator": ("./engine", "./operator", "setuptools"),
     "engine": ("./engine[serve]", "setuptools"),
+    # FuriosaAI's packages bring the torch they pin (2.10), so the engine's serve extra (torch 2.15) is taken
+    # without its torch; the Dockerfile installs the engine itself with --no-deps.
+    "engine-rngd": ("furiosa-torch", "furiosa-smi", "./engine", *_serve_extra_without_torch(), "setuptools"),
 }
+# The lock each target's pins come from: the tests run with exactly these (requirements/<name>.lock).
+LOCK_CONSTRAINTS = {"operator": "dev", "engine": "dev", "engine-rngd": "rngd"}
 # Declared dependencies left out of a lock on purpose, with the reason written into the lock file.
 LOCK_EXCLUDES: dict[str, dict[str, str]] = {
     "engine": {
         "triton": "GPU kernel compiler (~1 GB); the image runs torch on the CPU and `import torch` does not need it",
+    },
+    "engine-rngd": {
+        "triton": "GPU kernel compiler (~1 GB); furiosa-torch compiles for the NPU and `import torch` does not need it",
     },
 }
 
@@ -294,7 +314,7 @@ def serve_wheels(folder: Path) -> Iterator[str]:
 
 
 def version(target: str) -> str:
-    with open(REPO / target / "pyproject.toml", "rb") as f:
+    with open(REPO / PACKAGE[target] / "pyproject.toml", "rb") as f:
         return tomllib.load(f)["project"]["version"]
 
 
@@ -344,16 +364,17 @@ def image_size(ref: str) -> int:
 
 
 def resolve_lock(target: str, python: str = sys.executable) -> str:
-    """The text of ``requirements/<target>.lock``: the closure of the target's packages, pinned by dev.lock.
+    """The text of ``requirements/<target>.lock``: the closure of the target's packages, pinned by the lock the
+    tests of that target run with (dev.lock; rngd.lock for engine-rngd).
 
-    pip resolves (``install --dry-run --ignore-installed --report``, nothing is installed) with dev.lock as
+    pip resolves (``install --dry-run --ignore-installed --report``, nothing is installed) with that lock as
     constraints, so every pin equals the one the tests run with; the project's own packages are left out
     (the Dockerfile installs them from the source tree) and so is anything in LOCK_EXCLUDES.
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [python, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed", "--report", str(report),
-               "-c", str(REQUIREMENTS / "dev.lock"), *LOCK_SOURCES[target]]
+               "-c", str(lock_path(LOCK_CONSTRAINTS[target])), *LOCK_SOURCES[target]]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             raise DockerError(f"resolving {target}.lock failed: {proc.stderr.strip()[-2000:]}")
@@ -365,7 +386,8 @@ def resolve_lock(target: str, python: str = sys.executable) -> str:
         if not i["download_info"]["url"].startswith("file:") and normalize(i["metadata"]["name"]) not in excludes
     )
     head = [f"# Generated by 'make docker-lock' from {' '.join(LOCK_SOURCES[target])} with",
-            "# requirements/dev.lock as constraints: what the image installs (pip install --no-deps). Do not edit."]
+            f"# requirements/{LOCK_CONSTRAINTS[target]}.lock as constraints: what the image installs"
+            " (pip install --no-deps). Do not edit."]
     head += [f"# Left out: {name}: {why}" for name, why in excludes.items()]
     return "\n".join([*head, *(f"{n}=={v}" for n, v in sorted(pins, key=lambda p: p[0].lower())), ""])
 
@@ -398,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("targets", nargs="+", choices=TARGETS)
     b.add_argument("--base", help="BASE_IMAGE (default: $BASE_IMAGE, else pullable public, else local base)")
     b.add_argument("--build-arg", action="append", default=[], help="NAME=VALUE passed to docker build")
-    sub.add_parser("lock", help="regenerate requirements/{operator,engine}.lock from dev.lock")
+    sub.add_parser("lock", help="regenerate requirements/{operator,engine,engine-rngd}.lock from dev.lock/rngd.lock")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "daemon":

@@ -1,4 +1,5 @@
-"""Session fixtures for tests that need Docker: a daemon that answers and the two images, built once per run.
+"""Session fixtures for tests that need Docker: a daemon that answers and the three images, built once
+per run.
 
 Other suites (real node, kind) can reuse them with ``from tests.images.conftest import engine_image`` or by
 calling :func:`atom_localcluster.docker.build` themselves.
@@ -26,3 +27,9 @@ def operator_image(docker_daemon: None) -> docker.BuildResult:
 def engine_image(docker_daemon: None) -> docker.BuildResult:
     """``docker build --target engine`` (torch; the first build on a machine downloads ~3 GB of wheels)."""
     return docker.build("engine")
+
+
+@pytest.fixture(scope="session")
+def engine_rngd_image(docker_daemon: None) -> docker.BuildResult:
+    """``docker build --target engine-rngd`` (furiosa-torch, torch 2.10 and the cross compiler it shells out to)."""
+    return docker.build("engine-rngd")

@@ -1,9 +1,12 @@
-# Three images from one file:
+# Four images from one file:
 #   docker build --target operator    -t atom-operator:0.1.0 .     the operator (kopf), without torch
 #   docker build --target engine      -t atom-engine:0.1.0 .       the serving engine, torch on the CPU by default
 #   docker build --target engine-rngd -t atom-engine-rngd:0.1.0 .  the engine for rngd prefill pods: FuriosaAI's
 #                                                                  furiosa-torch and the torch 2.10 it pins
-# `make docker-build` builds all three (python -m atom_localcluster.docker build ...), also where nothing
+#   docker build --target epp         -t atom-epp:v1.5.0 .         the Gateway API Inference Extension's endpoint
+#                                                                  picker (spec.routing.inferencePool); needs the
+#                                                                  pinned binary at build/epp/epp
+# `make docker-build` builds all four (python -m atom_localcluster.docker build ...), also where nothing
 # can be pulled and the package index is not reachable from containers (see localcluster/atom_localcluster/docker.py).
 #
 # Build arguments:
@@ -106,3 +109,15 @@ ENV ATOM_MODELS_DIR=/opt/atom/models
 USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["atom-engine"]
+
+# ---------------------------------------------------------------------------------------------------------------
+# The endpoint picker: GIE's cmd/epp at the version hack/tools/epp pins, a static pure-Go build (CGO_ENABLED=0) made
+# on the host from the Go module proxy into the tools cache (atom_localcluster/tools.py), then staged into the context
+# at build/epp/epp by atom_localcluster.docker: the build needs no Go toolchain and no network. On our base, like
+# the other images, rather than upstream's distroless one, which cannot be pulled here.
+FROM ${BASE_IMAGE} AS epp
+COPY build/epp/epp /usr/local/bin/epp
+# The uid the operator's <name>-epp Deployment runs it as (children/inferencepool.py).
+USER 65532:65532
+EXPOSE 9002 9003 9090
+ENTRYPOINT ["/usr/local/bin/epp"]

@@ -68,8 +68,8 @@ crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from
 	$(PY) -m atom_operator.api.reference docs/atomdeployment.md
 
 .PHONY: docker-build
-docker-build: venv ## build the operator, engine and engine-rngd images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
-	$(PY) -m atom_localcluster.docker build operator engine engine-rngd $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
+docker-build: venv ## build the operator, engine, engine-rngd and endpoint-picker images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
+	$(PY) -m atom_localcluster.docker build operator engine engine-rngd epp $(if $(BASE_IMAGE),--base $(BASE_IMAGE))
 
 .PHONY: docker-lock
 docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock, engine-rngd.lock from rngd.lock

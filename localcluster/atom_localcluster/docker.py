@@ -18,7 +18,7 @@ Command line (also what the Makefile calls)::
 
     python -m atom_localcluster.docker daemon            # make sure a daemon answers
     python -m atom_localcluster.docker base              # build or reuse the local base image, print its tag
-    python -m atom_localcluster.docker build operator engine
+    python -m atom_localcluster.docker build operator engine epp
     python -m atom_localcluster.docker build engine-rngd # the rngd prefill image (furiosa-torch, torch 2.10)
     python -m atom_localcluster.docker lock              # regenerate requirements/{operator,engine,engine-rngd}.lock
 """
@@ -44,13 +44,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from atom_localcluster import tools
 from atom_localcluster.tools import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 REQUIREMENTS = REPO / "requirements"
-TARGETS = ("operator", "engine", "engine-rngd")
+TARGETS = ("operator", "engine", "engine-rngd")  # the Python images, each installing requirements/<target>.lock
 # The project package each image installs: its version tags the image, its CLI is the entrypoint.
 PACKAGE = {"operator": "operator", "engine": "engine", "engine-rngd": "engine"}
+# Images of a pinned Go tool built on the host (atom_localcluster/tools.py), not of Python wheels: target -> the
+# binary, staged into the build context at build/<target>/<binary>.
+GO_TARGETS = {"epp": "epp"}
+IMAGES = (*TARGETS, *GO_TARGETS)
 # The Dockerfile's default BASE_IMAGE; used by the tooling only when it is already present or can be pulled.
 PUBLIC_BASE = "python:3.11-slim"
 # The wheel server listens here when the port is free. The URL is a build argument and so part of the layer
@@ -319,7 +324,32 @@ def version(target: str) -> str:
 
 
 def default_tag(target: str) -> str:
+    if target in GO_TARGETS:  # the upstream release it packages
+        return f"atom-{target}:{tools.toolset_of(GO_TARGETS[target]).version}"
     return f"atom-{target}:{version(target)}"
+
+
+def stage_text(target: str) -> str:
+    """The Dockerfile's global ARGs and the ``target`` stage alone. BuildKit builds only the stages a target needs;
+    the legacy builder (Docker without buildx, as on this machine) builds every stage before it in the file, so a
+    Go image is built from its own stage only, not after the operator's and the engine's for nothing."""
+    lines = DOCKERFILE.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("FROM ") and line.endswith(f" AS {target}"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("FROM ")), len(lines))
+    return "\n".join([line for line in lines[:first] if line.startswith("ARG ")] + lines[start:end]) + "\n"
+
+
+@contextlib.contextmanager
+def go_context(target: str) -> Iterator[Path]:
+    """A build context holding only the target's pinned binary (built first if missing), where the stage's COPY
+    looks for it: build/<target>/<binary>."""
+    binary = GO_TARGETS[target]
+    with tempfile.TemporaryDirectory(prefix=f"atom-{target}-context-") as tmp:
+        staged = Path(tmp) / "build" / target / binary
+        staged.parent.mkdir(parents=True)
+        shutil.copy2(tools.path(binary), staged)
+        yield Path(tmp)
 
 
 @dataclass
@@ -333,22 +363,29 @@ class BuildResult:
 
 def build(target: str, tag: str | None = None, base: str | None = None, build_args: Sequence[str] = ()) -> BuildResult:
     """``docker build --target <target>`` of the top-level Dockerfile, with the locked wheels served from the host."""
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if target not in IMAGES:
+        raise ValueError(f"target must be one of {IMAGES}, got {target!r}")
     ensure_daemon()
     base = choose_base(base if base is not None else os.environ.get("BASE_IMAGE"))
     tag = tag or default_tag(target)
     log = cache_dir() / "docker" / f"build-{target}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with serve_wheels(wheelhouse(target)) as url:
-        cmd = ["docker", "build", "--file", str(DOCKERFILE), "--target", target, "--tag", tag,
-               # host network: the RUN steps reach the wheel server on the host's loopback
-               "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"WHEELS_URL={url}",
-               *[a for arg in build_args for a in ("--build-arg", arg)], str(REPO)]
+    dockerfile, context = str(DOCKERFILE), str(REPO)
+    with contextlib.ExitStack() as stack:
+        if target in GO_TARGETS:
+            dockerfile, context = "-", str(stack.enter_context(go_context(target)))
+            where = []
+        else:
+            url = stack.enter_context(serve_wheels(wheelhouse(target)))
+            # host network: the RUN steps reach the wheel server on the host's loopback
+            where = ["--network", "host", "--build-arg", f"WHEELS_URL={url}"]
+        cmd = ["docker", "build", "--file", dockerfile, "--target", target, "--tag", tag, *where,
+               "--build-arg", f"BASE_IMAGE={base}", *[a for arg in build_args for a in ("--build-arg", arg)], context]
         _log(f"building {tag} (--target {target}, BASE_IMAGE={base}; log: {log})")
         with open(log, "wb") as out:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
+            stdin = stage_text(target).encode() if dockerfile == "-" else None
+            rc = subprocess.run(cmd, input=stdin, stdout=out, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise DockerError(f"docker build --target {target} exited {rc}; {log}:\n{_tail(log, 40)}")
     result = BuildResult(target, tag, base, time.monotonic() - started, log)
@@ -417,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("daemon", help="make sure a Docker daemon answers (start dockerd if needed)")
     sub.add_parser("base", help="build or reuse the local debootstrap base image; print its tag")
     b = sub.add_parser("build", help="build image targets of the top-level Dockerfile")
-    b.add_argument("targets", nargs="+", choices=TARGETS)
+    b.add_argument("targets", nargs="+", choices=IMAGES)
     b.add_argument("--base", help="BASE_IMAGE (default: $BASE_IMAGE, else pullable public, else local base)")
     b.add_argument("--build-arg", action="append", default=[], help="NAME=VALUE passed to docker build")
     sub.add_parser("lock", help="regenerate requirements/{operator,engine,engine-rngd}.lock from dev.lock/rngd.lock")

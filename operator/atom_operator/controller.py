@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from atom_operator import metrics
+from atom_operator import metrics, routing
 from atom_operator.api import GROUP, KIND
 from atom_operator.artifacts import JobView
 from atom_operator.cache import ChildCache, compare_versions, newer, resource_version
@@ -43,6 +43,7 @@ class Controller:
         self._pending: dict[Key, bool] = {}  # key -> whether children must be converged (not only status)
         self._running: set[Key] = set()
         self._failures: dict[Key, int] = {}
+        self._rechecks: set[Key] = set()  # keys with a routing.TTL re-check timer running
         # Set once every informer has listed: until then a reconcile would see a partial world (no Deployment
         # status yet: "0 of 1 ready", a false Ready=False written on every restart; a child not listed yet:
         # created again). Events queue up meanwhile and are reconciled after.
@@ -230,6 +231,20 @@ class Controller:
         delay = delay if delay is not None else min(BACKOFF_MAX, BACKOFF_MIN * 2 ** (n - 1))
         asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
+    def _recheck(self, key: Key) -> None:
+        """Reconcile ``key`` again in routing.TTL seconds (one timer per key): its routing condition waits for a
+        CRD, whose arrival no watch reports."""
+        if key in self._rechecks:
+            return
+        self._rechecks.add(key)
+
+        def due() -> None:
+            self._rechecks.discard(key)
+            if key in self.owners:
+                self.enqueue(key)
+
+        asyncio.get_running_loop().call_later(routing.TTL, due)
+
     async def _work(self) -> None:
         await self.synced.wait()
         while True:
@@ -283,6 +298,8 @@ class Controller:
         finally:
             metrics.DURATION.observe(time.monotonic() - started)
         self._failures.pop(key, None)
+        if outcome.recheck:
+            self._recheck(key)
         if outcome.status_written is not None:
             self.observe_owner("MODIFIED", outcome.status_written)
         for change in outcome.changes:

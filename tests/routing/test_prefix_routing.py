@@ -1,10 +1,11 @@
 """Prefix-aware routing across two decode replicas: the Gateway API Inference Extension's endpoint picker (EPP)
-through Envoy against Envoy's random pick (a Service) and its round robin, on fresh engines each.
+through Envoy against Envoy's random pick (a Service) and GIE's round-robin lwepp through the same Envoy, on fresh
+engines each.
 
 The decode pods are an AtomDeployment's, scheduled on kwok nodes; their engines run here as the pod specs say, on
-loopback addresses patched in as the pods' IPs (tests/routing/stack.py says why). The speed goal (TTFT p90) is
-``make bench-routing``'s; this test checks what routing decides: where the prefixes land, read from the engines'
-own prefix-cache counters.
+loopback addresses patched in as the pods' IPs (atom_localcluster/routing/stack.py says why). The speed goal (TTFT
+p90) is ``make bench-routing``'s; this test checks what routing decides: where the prefixes land, read from the
+engines' own prefix-cache counters.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def test_the_endpoint_picker_keeps_each_prefix_on_one_replica(cluster, operator_
     for r, x in results.items():  # the figures, for the log (-s); the speed goal is bench-routing's
         print(f"{r}: hit rate {x.hit_rate:.3f}, TTFT p50 {x.ttft_p50 * 1e3:.0f} ms p90 {x.ttft_p90 * 1e3:.0f} ms,"
               f" requests per pod {x.requests_per_pod}, {x.seconds:.0f} s")
-    epp, random, roundrobin = (results[r].hit_rate for r in scenario.ROUTERS)
+    epp, random, lwepp = (results[r].hit_rate for r in scenario.ROUTERS)
     assert all(min(x.requests_per_pod) > 0 for x in results.values()), f"a replica got nothing: {shown}"
     assert epp >= 0.8, f"prefix hit rate through the EPP: {shown}"
-    assert epp >= random + 0.3 and epp >= roundrobin + 0.3, f"prefix hit rates: {shown}"
+    assert epp >= random + 0.3 and epp >= lwepp + 0.3, f"prefix hit rates: {shown}"

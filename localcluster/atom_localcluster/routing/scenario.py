@@ -15,13 +15,17 @@ from atom_localcluster.processes import Processes
 from atom_localcluster.routing import stack
 from atom_localcluster.routing.workload import Result, Workload, run
 
-# GIE's EPP; Envoy's random pick (a Service); Envoy's round robin, standing in for GIE v1.6.0's lwepp (it built and
-# ran, but Envoy 1.40's ext_proc and it found no common processing mode: see the README).
-ROUTERS = ("epp", "random", "roundrobin")
+# GIE's EPP (prefix and load aware); Envoy's random pick (what a Service does); GIE v1.6.0's lwepp (round robin,
+# cache-blind), both pickers through the same Envoy.
+ROUTERS = ("epp", "random", "lwepp")
 MODEL = "builtin:smollm2-135m"
-# (lanes, kvBlocks) per replica: up to kvBlocks - 1 - lanes busy prefix-cache entries, between a half and the
-# whole of the workload's prefixes (atom_localcluster/routing/workload.py): they fit the two replicas, not one.
-SIZING = (1, 8)
+# (lanes, kvBlocks) per replica. The engine's default kvBlocks; 2 lanes, so that two requests on one replica batch
+# as a serving replica does (the default is 4) instead of one queueing behind the other: with 1 lane, queueing
+# behind a replica's one request, not the cache, set TTFT p90. The prefix cache holds kvBlocks - 1 - (busy lanes)
+# = 5 to 7 whole-sequence entries, and a prefix in use takes two (the entry a request copied from and the one it
+# leaves), so a replica keeps about 3 of the workload's 6 prefixes (atom_localcluster/routing/workload.py): they
+# fit the two replicas together, not one.
+SIZING = (2, 8)
 
 
 def atom_deployment(name: str, namespace: str, *, lanes: int, kv_blocks: int, routing: bool = True) -> dict:

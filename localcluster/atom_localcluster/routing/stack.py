@@ -90,18 +90,20 @@ def set_pod_ip(cluster: Cluster, namespace: str, pod: str, address: str) -> None
 
 def start_router(kind: str, cluster: Cluster, namespace: str, pool: str, pods: list[Pod], procs: Processes,
                  tag: str) -> str:
-    """Envoy in front of ``pods``: asking the EPP per request ("epp"), or by its own RANDOM ("random") or
-    ROUND_ROBIN ("roundrobin") policy. Returns its base URL."""
+    """Envoy in front of ``pods``: asking a picker per request (GIE's EPP "epp", or its round-robin "lwepp"), or
+    picking at random itself, as a Service does ("random"). Returns its base URL."""
     listen, admin = free_port(), free_port()
-    if kind == "epp":
+    if kind in envoy.PROCESSING:
         grpc, health, metrics = free_port(), free_port(), free_port()
-        argv = epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics)
-        picker, log = procs.start(f"{tag}-epp", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
+        argv = (epp_as_the_pod_runs_it(cluster, namespace, pool, grpc, health, metrics) if kind == "epp"
+                else lwepp_argv(pool, namespace, grpc, health, metrics))
+        picker, log = procs.start(f"{tag}-{kind}", argv, {"KUBECONFIG": str(cluster.kubeconfig)})
         wait_http(f"http://127.0.0.1:{metrics}/metrics", picker, log, timeout=120)
-        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin)
+        config = envoy.picked_by(("127.0.0.1", grpc), listen, admin, kind)
+    elif kind == "random":
+        config = envoy.balanced([(p.address, p.port) for p in pods], listen, admin, "RANDOM")
     else:
-        policy = {"random": "RANDOM", "roundrobin": "ROUND_ROBIN"}[kind]
-        config = envoy.balanced([(p.address, p.port) for p in pods], listen, admin, policy)
+        raise ValueError(f"no router {kind!r}: epp, lwepp or random")
     path = procs.workdir / f"{tag}-envoy.yaml"
     path.write_text(yaml.safe_dump(config))
     proxy, log = procs.start(f"{tag}-envoy", [str(envoy.binary()), "-c", str(path), "--concurrency", "1",
@@ -145,3 +147,9 @@ def epp_as_the_pod_runs_it(cluster: Cluster, namespace: str, pool: str, grpc: in
     ports = {"--grpc-port": grpc, "--grpc-health-port": health, "--metrics-port": metrics}
     local = [str(ports[prev]) if prev in ports else arg for prev, arg in zip(["", *args], args, strict=False)]
     return [str(tools.path("epp")), *local, "--secure-serving=false"]
+
+
+def lwepp_argv(pool: str, namespace: str, grpc: int, health: int, metrics: int) -> list[str]:
+    """GIE v1.6.0's lightweight round-robin picker for ``pool``: plain gRPC to the local Envoy, free local ports."""
+    return [str(tools.path("lwepp")), "--pool-name", pool, "--pool-namespace", namespace, "--grpc-port", str(grpc),
+            "--grpc-health-port", str(health), "--metrics-port", str(metrics), "--secure-serving=false"]

@@ -6,8 +6,9 @@ both :class:`EngineServer` (the probes, the metrics, the background load and the
 - ``prefill``: ``POST /v1/kv/prefill`` for decode pods.
 
 Every role has ``/health`` (liveness: 200 while loading or serving, 503 once the engine loop died),
-``/ready`` (200 once the model is loaded and warmed) and ``/metrics``. The model loads in a thread after the
-server is listening, so the probes answer during a long load; until then the role's routes answer 503.
+``/ready`` (200 once the model is loaded and warmed) and ``/metrics``. The model loads after the server is
+listening, so the probes answer during a long load; until then the role's routes answer 503. All model work (load,
+warm-up, steps, prefills) runs in the server's one compute thread (:mod:`atom_engine.server.compute` says why).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from atom_engine.server.compute import ComputeThread
 from atom_engine.server.errors import error_response
 from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
@@ -47,6 +49,7 @@ class EngineServer:
         self.draining = False  # SIGTERM received: /ready answers 503 while requests are still served
         self.load_error: str | None = None
         self._load_task: asyncio.Task | None = None
+        self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
         self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
 
@@ -126,7 +129,7 @@ class EngineServer:
 
 
 class OpenAIServer(EngineServer):
-    """``standalone`` and ``decode``: the engine, its loop in a worker thread, and the OpenAI routes."""
+    """``standalone`` and ``decode``: the engine, its loop in the compute thread, and the OpenAI routes."""
 
     ROUTES = OpenAIRoutes.ROUTES
 
@@ -162,10 +165,10 @@ class OpenAIServer(EngineServer):
             # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
             connector = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
                                         prefetch_next=s.prefetch_next)
-        engine = await loop.run_in_executor(None, lambda: LLMEngine(s, connector=connector))
-        await loop.run_in_executor(None, engine.warm)
+        engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
+        await loop.run_in_executor(self.compute, engine.warm)
         self.engine = engine
-        self.aengine = AsyncEngine(engine, loop)
+        self.aengine = AsyncEngine(engine, loop, self.compute)
         if connector is not None:
             connector.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
         self.aengine.start()
@@ -174,6 +177,7 @@ class OpenAIServer(EngineServer):
     async def close(self) -> None:
         if self.aengine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.aengine.stop)
+        self.compute.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:
             await self.client.close()
 
@@ -210,15 +214,14 @@ class PrefillServer(EngineServer):
         from atom_engine.pd.faults import Faults
         from atom_engine.pd.worker import PrefillWorker
 
-        worker = await loop.run_in_executor(None, PrefillWorker, self.settings)
-        await loop.run_in_executor(None, worker.warm)
+        worker = await loop.run_in_executor(self.compute, PrefillWorker, self.settings)
+        await loop.run_in_executor(self.compute, worker.warm)
         self.worker = worker
-        self.service = PrefillService(worker, send_timeout=self.settings.pd_send_timeout_seconds,
+        self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds,
                                       faults=Faults.from_env())
 
     async def close(self) -> None:
-        if self.service is not None:
-            self.service.executor.shutdown(wait=False, cancel_futures=True)
+        self.compute.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, float]:
         if self.worker is None or self.service is None:

@@ -1,4 +1,5 @@
-"""The engine loop: ``LLMEngine.step()`` in one worker thread; outputs handed to the event loop per request.
+"""The engine loop: ``LLMEngine.step()`` in the server's compute thread (:mod:`atom_engine.server.compute`, the
+thread that loaded the model); outputs handed to the event loop per request.
 
 The event loop never runs a model step. ``submit`` queues a request (thread-safe in the engine) and returns an
 async stream of its :class:`StepOutput`s; leaving the stream early (client gone) cancels the request, which
@@ -9,12 +10,14 @@ by the batcher) the loop stops, every open stream ends with an error and /health
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import AsyncIterator
 
 from atom_engine.engine import LLMEngine
 from atom_engine.sequence import SamplingParams, Sequence, StepOutput
+from atom_engine.server.compute import ComputeThread
 
 log = logging.getLogger("atom_engine.server")
 IDLE_WAIT = 0.5  # a bound, not a poll interval: new work sets the wakeup event
@@ -26,26 +29,31 @@ class EngineDead(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+                 compute: concurrent.futures.Executor | None = None) -> None:
+        """``compute``: the thread that loaded the engine (the loop then holds it until stopped); by default a
+        compute thread of its own."""
         self.engine = engine
         self.loop = loop
+        self.compute = compute if compute is not None else ComputeThread("engine-loop")
         self.wakeup = threading.Event()
         self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
         self.error: str | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._running: concurrent.futures.Future | None = None
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._running is not None and not self._running.done() and self.error is None
 
     def start(self) -> None:
-        self._thread.start()
+        self._running = self.compute.submit(self._run)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self.wakeup.set()
-        self._thread.join(timeout)
+        if self._running is not None:
+            concurrent.futures.wait([self._running], timeout)
 
     def _run(self) -> None:
         engine = self.engine

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -28,11 +28,13 @@ WRITE_PIECE = 1 << 20
 
 
 class PrefillService:
-    def __init__(self, worker: PrefillWorker, *, send_timeout: float, faults: Faults | None = None) -> None:
+    def __init__(self, worker: PrefillWorker, compute: Executor, *, send_timeout: float,
+                 faults: Faults | None = None) -> None:
+        """``compute``: the one thread that loaded the worker; prefills run there, one at a time."""
         self.worker = worker
         self.send_timeout = send_timeout
         self.faults = faults or Faults()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="prefill")
+        self.compute = compute
         self.counters = {"requests": 0, "sends_started": 0, "sends_completed": 0, "sends_failed": 0,
                          "bytes_sent": 0}
 
@@ -62,7 +64,7 @@ class PrefillService:
             if Faults.matches(self.faults.fail_marker, tokens):
                 raise RuntimeError("injected prefill failure")
             loop = asyncio.get_running_loop()
-            ship = await loop.run_in_executor(self.executor, self.worker.compute, rid, tokens, start, gone, top)
+            encoded = await loop.run_in_executor(self.compute, self._compute, rid, tokens, start, gone, top)
         except asyncio.CancelledError:
             gone.set()  # the decoder went away: skip the work if it has not started
             log.info("event=prefill_abandoned request_id=%s", rid)
@@ -72,15 +74,21 @@ class PrefillService:
         except Exception as exc:  # noqa: BLE001 - a producer error: the decoder retries or fails the request
             log.warning("event=prefill_failed request_id=%s error=%r", rid, exc)
             return error_response(500, f"prefill failed: {exc}", err_type="internal_error", code="prefill_failed")
-        assert ship is not None
-        from atom_engine.pd import wire
-
-        head, parts = wire.encode(ship)
+        assert encoded is not None
+        head, parts = encoded
         if Faults.matches(self.faults.corrupt_marker, tokens):
             broken = bytearray(parts[0])
             broken[0] ^= 0xFF
             parts[0] = memoryview(bytes(broken))
         return await self._send(request, rid, head, parts)
+
+    def _compute(self, rid: str, tokens: list[int], start: int, gone: threading.Event, top: int | None
+                 ) -> tuple[bytes, list[memoryview]] | None:
+        """In the compute thread: the prefill, and its frame (encoding converts the logits with torch)."""
+        from atom_engine.pd import wire
+
+        ship = self.worker.compute(rid, tokens, start, gone, top)
+        return None if ship is None else wire.encode(ship)
 
     async def _send(self, request: web.Request, rid: str, head: bytes, parts: list[memoryview]
                     ) -> web.StreamResponse:

@@ -367,7 +367,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
         table = Table(name, dtype, sum(n for _, n in work), hf_one, hf_bat,
                       None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)), step)
         order = list(servers)
-        outs: dict[str, list] = {}
+        outs: dict[str, list[list]] = {}  # each contender's outputs, round by round
         for r in range(args.rounds):
             table.loads.append(os.getloadavg()[0])
             for k in order[r % len(order):] + order[: r % len(order)]:  # rotating order
@@ -375,14 +375,18 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
                 out, wall = servers[k].run(work)
                 print(f"bench: {name} {dtype} round {r + 1}: {k} {wall:.2f} s", flush=True)
                 table.walls.setdefault(k, []).append(wall)
-                outs.setdefault(k, out)
-                if out != outs[k]:
-                    raise RuntimeError(f"{k}: greedy outputs changed between rounds")
+                outs.setdefault(k, []).append(out)
         if ref is None:  # no HF reference: agreement with the engine; a parting still gets HF's gap there
-            ref = outs["engine"]
-        for k, out in outs.items():
-            table.exact[k] = sum(a == b for a, b in zip(out, ref, strict=True))
-            table.notes[k] = divergences(hf, work, ref, out) if table.exact[k] < len(work) else []
+            ref = outs["engine"][0]
+        for k, rounds in outs.items():
+            # Half-precision kernels may round a row differently with other rows beside it (vLLM's bfloat16 does):
+            # then the outputs change with each round's batching, and the worst round is the one counted.
+            counts = [sum(a == b for a, b in zip(out, ref, strict=True)) for out in rounds]
+            table.exact[k] = min(counts)
+            worst = rounds[counts.index(min(counts))]
+            table.notes[k] = divergences(hf, work, ref, worst) if table.exact[k] < len(work) else []
+            if any(out != rounds[0] for out in rounds[1:]):
+                table.notes[k].insert(0, f"outputs changed between rounds (batching); exact per round {counts}")
         table.walls = {k: table.walls[k] for k in servers}
         return table
     finally:

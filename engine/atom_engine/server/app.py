@@ -109,6 +109,7 @@ class EngineServer:
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         await self.close()
+        self.compute.shutdown(wait=False, cancel_futures=True)
 
     # -- probes and metrics -----------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
@@ -177,7 +178,6 @@ class OpenAIServer(EngineServer):
     async def close(self) -> None:
         if self.aengine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.aengine.stop)
-        self.compute.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:
             await self.client.close()
 
@@ -219,9 +219,6 @@ class PrefillServer(EngineServer):
         self.worker = worker
         self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds,
                                       faults=Faults.from_env())
-
-    async def close(self) -> None:
-        self.compute.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> dict[str, float]:
         if self.worker is None or self.service is None:

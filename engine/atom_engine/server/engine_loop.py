@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 
 from atom_engine.engine import LLMEngine
 from atom_engine.sequence import SamplingParams, Sequence, StepOutput
-from atom_engine.server.compute import ComputeThread
 
 log = logging.getLogger("atom_engine.server")
 IDLE_WAIT = 0.5  # a bound, not a poll interval: new work sets the wakeup event
@@ -30,12 +29,11 @@ class EngineDead(RuntimeError):
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
-                 compute: concurrent.futures.Executor | None = None) -> None:
-        """``compute``: the thread that loaded the engine (the loop then holds it until stopped); by default a
-        compute thread of its own."""
+                 compute: concurrent.futures.Executor) -> None:
+        """``compute``: the thread that loaded the engine (the loop then holds it until stopped)."""
         self.engine = engine
         self.loop = loop
-        self.compute = compute if compute is not None else ComputeThread("engine-loop")
+        self.compute = compute
         self.wakeup = threading.Event()
         self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
         self.error: str | None = None

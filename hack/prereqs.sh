@@ -8,9 +8,11 @@
 #   gcc-aarch64-linux-gnu          furiosa-torch's compiler shells out to aarch64-linux-gnu-gcc (the rngd backend's
 #   libc6-dev-arm64-cross          tests compile for real); the wheel declares neither. Without the arm64 libc headers
 #                                  the compile fails late: "bits/wordsize.h: No such file or directory"
+#   libtcmalloc-minimal4           the engine's malloc (engine/atom_engine/malloc.py) and vLLM's tuned one in
+#                                  make bench-engine
 set -euo pipefail
 packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl gcc-aarch64-linux-gnu
-  libc6-dev-arm64-cross)
+  libc6-dev-arm64-cross libtcmalloc-minimal4)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

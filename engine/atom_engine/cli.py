@@ -122,12 +122,23 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse_artifact(exc)
     import asyncio
 
+    from atom_engine.malloc import active
     from atom_engine.server.app import serve
 
-    logging.getLogger("atom_engine").info("event=starting role=%s config=%s", args.role, args.config)
+    logging.getLogger("atom_engine").info("event=starting role=%s config=%s malloc=%s", args.role, args.config,
+                                          active())
     asyncio.run(serve(settings, args.role, args.host, args.port, args.metrics_port))
     return 0
 
 
-if __name__ == "__main__":
+def entrypoint() -> None:
+    """The process's entry (the console script, ``python -m``), not :func:`main`'s (tests call that in process):
+    first the process re-executes itself once under tcmalloc where the system has it (:mod:`atom_engine.malloc`)."""
+    from atom_engine.malloc import reexec_with_tcmalloc
+
+    reexec_with_tcmalloc()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

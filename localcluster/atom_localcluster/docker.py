@@ -193,8 +193,9 @@ class BaseRecipe:
 
     suite: str = "bookworm"  # bookworm's python3 is 3.11, the version the locks are resolved for
     variant: str = "minbase"
-    # python3-venv: the Dockerfile makes a venv; ca-certificates: so the engine can fetch checkpoints over TLS.
-    packages: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates")
+    # python3-venv: the Dockerfile makes a venv; ca-certificates: so the engine can fetch checkpoints over TLS;
+    # libtcmalloc-minimal4: the engine's malloc (engine/atom_engine/malloc.py), which containers here cannot apt-get.
+    packages: tuple[str, ...] = ("python3", "python3-venv", "ca-certificates", "libtcmalloc-minimal4")
     # Removed after debootstrap: package caches and lists are not needed to run, only to install.
     prune: tuple[str, ...] = ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*",
                               "var/log/*.log", "var/log/apt/*")

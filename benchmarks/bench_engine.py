@@ -11,7 +11,8 @@ request to its max_tokens):
 - Hugging Face ``generate`` one request at a time and in left-padded static batches of 8 (once each: the
   reference tokens);
 - the engine's 8-lane decode step in process, beside its memory-bandwidth floor: the bytes one step must read
-  (every weight the step multiplies, and the lanes' KV) over this machine's read bandwidth, measured here.
+  (every weight the step multiplies, and the lanes' KV) over this machine's read bandwidth, both measured once a
+  round after the servers' turns (a single measurement at the start caught whatever load was there then).
 
 Token-exactness is counted per contender against HF one at a time in the same dtype; in bfloat16 a divergence is
 shown with HF's own top-2 logit gap at the step where it parts (a near-tie, or not). Every contender runs with
@@ -247,29 +248,37 @@ class Step:
         return 1000 * (self.weight_bytes + self.kv_bytes) / self.bandwidth
 
 
-def decode_step(path: Path, dtype: str, threads: int, context: int = 200, repeats: int = 30) -> Step:
-    """The cpu backend's 8-lane decode step, every lane ``context`` tokens deep: the median of ``repeats``."""
-    model, _ = load_model(str(path), max_seq_len=MAX_SEQ_LEN, dtype=dtype)
-    be = CpuBackend(model, kv_blocks=LANES + 2)
-    cfg = model.cfg
-    ids = torch.randint(0, VOCAB, (LANES, 1))
-    pos = torch.full((LANES, 1), context - 1)
-    blocks = torch.arange(1, LANES + 1)
-    ts = []
-    with torch.inference_mode():
-        for r in range(repeats + 3):
-            t0 = time.perf_counter()
-            be.decode(ids, pos, blocks[:, None], blocks, torch.zeros(LANES, dtype=torch.long))
-            if r >= 3:
-                ts.append(time.perf_counter() - t0)
-    # What one step multiplies: q/k/v, o, gate/up and down in every layer, and the head; and the norms.
-    c = cfg
-    attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-    per_layer = attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
-    elem = model.dtype.itemsize
-    weights = (c.num_layers * per_layer + c.vocab_size * c.hidden_size) * elem
-    kv = 2 * cfg.num_layers * LANES * context * cfg.num_kv_heads * cfg.head_dim * elem
-    return Step(1000 * statistics.median(ts), weights, kv, read_bandwidth(threads))
+class DecodeStep:
+    """The cpu backend's 8-lane decode step, every lane ``context`` tokens deep, loaded once and measured once a
+    round beside the servers' turns (so load drifts hit it as they hit them), each time with the read bandwidth
+    measured right after it: the floor of that round."""
+
+    def __init__(self, path: Path, dtype: str, threads: int, context: int = 200) -> None:
+        model, _ = load_model(str(path), max_seq_len=MAX_SEQ_LEN, dtype=dtype)
+        self.backend = CpuBackend(model, kv_blocks=LANES + 2)
+        self.threads = threads
+        self.ids = torch.randint(0, VOCAB, (LANES, 1))
+        self.pos = torch.full((LANES, 1), context - 1)
+        self.blocks = torch.arange(1, LANES + 1)
+        # What one step multiplies: q/k/v, o, gate/up and down in every layer, and the head; and the norms.
+        c = model.cfg
+        attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        per_layer = attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+        elem = model.dtype.itemsize
+        self.weight_bytes = (c.num_layers * per_layer + c.vocab_size * c.hidden_size) * elem
+        self.kv_bytes = 2 * c.num_layers * LANES * context * c.num_kv_heads * c.head_dim * elem
+
+    def measure(self, repeats: int = 30) -> Step:
+        """The median of ``repeats`` steps (after 3 unmeasured), and the bandwidth just after."""
+        ts = []
+        with torch.inference_mode():
+            for r in range(repeats + 3):
+                t0 = time.perf_counter()
+                self.backend.decode(self.ids, self.pos, self.blocks[:, None], self.blocks,
+                                    torch.zeros(LANES, dtype=torch.long))
+                if r >= 3:
+                    ts.append(time.perf_counter() - t0)
+        return Step(1000 * statistics.median(ts), self.weight_bytes, self.kv_bytes, read_bandwidth(self.threads))
 
 
 # -- one table: a model in a dtype -----------------------------------------------------------------------------------
@@ -281,11 +290,17 @@ class Table:
     hf_one: float | None  # None: HF one at a time not run (--no-hf); token-exactness is then agreement with the engine
     hf_batches: float | None  # None: not run (--no-hf-batches)
     hf_batches_exact: int | None
-    step: Step
+    steps: list[Step] = field(default_factory=list)  # one a round
     walls: dict[str, list[float]] = field(default_factory=dict)
     loads: list[float] = field(default_factory=list)
     exact: dict[str, int] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def step(self) -> Step:
+        """The round whose step/floor ratio is the median's (a ratio taken within one round)."""
+        ranked = sorted(self.steps, key=lambda st: st.ms / st.floor_ms)
+        return ranked[(len(ranked) - 1) // 2]
 
     @property
     def reference(self) -> str:
@@ -310,14 +325,17 @@ class Table:
             *([f"| {LABELS['hf-batches']} (once) | {self.hf_batches:.2f} | {self.tokens / self.hf_batches:.1f} |"
                f" {self.hf_batches_exact}/{n} | {self.hf_batches / eng:.2f}x |"] if self.hf_batches else []),
             "",
-            f"Decode step (8 lanes x 200 tokens, in process): {self.step.ms:.1f} ms; memory-bandwidth floor"
-            f" {self.step.floor_ms:.1f} ms ({self.step.weight_bytes / 1e6:.0f} MB of weights +"
-            f" {self.step.kv_bytes / 1e6:.0f} MB of KV at {self.step.bandwidth / 1e9:.1f} GB/s read): step ="
-            f" {self.step.ms / self.step.floor_ms:.2f}x the floor.",
+            f"Decode step (8 lanes x 200 tokens, in process, measured once a round beside the servers' turns):"
+            f" {self.step.ms:.1f} ms; memory-bandwidth floor {self.step.floor_ms:.1f} ms"
+            f" ({self.step.weight_bytes / 1e6:.0f} MB of weights + {self.step.kv_bytes / 1e6:.0f} MB of KV at"
+            f" {self.step.bandwidth / 1e9:.1f} GB/s read in the same round): step ="
+            f" {self.step.ms / self.step.floor_ms:.2f}x the floor (the round of the median ratio).",
             "",
             "Every round, wall s (rotating order); load average (1 min) at each round's start:"
             f" {', '.join(f'{x:.1f}' for x in self.loads)}",
             *(f"- {LABELS[k]}: {', '.join(f'{w:.2f}' for w in v)}" for k, v in self.walls.items()),
+            "- decode step / floor ms (bandwidth GB/s): " + ", ".join(
+                f"{st.ms:.1f} / {st.floor_ms:.1f} ({st.bandwidth / 1e9:.1f})" for st in self.steps),
         ]
         for name, notes in self.notes.items():
             lines += [f"- {LABELS[name]} divergences: " + "; ".join(notes)] if notes else []
@@ -350,8 +368,7 @@ def checkpoint(name: str, tmp: Path) -> Path:
 def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table:
     work = workload(args.requests)
     path = checkpoint(name, tmp)
-    print(f"bench: {name} {dtype}: decode step and floor", flush=True)
-    step = decode_step(path, dtype, args.threads)
+    stepper = DecodeStep(path, dtype, args.threads)
     # HF first, alone: the servers' start (vLLM compiles its graphs) would load the machine under it.
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     with torch.inference_mode():
@@ -369,7 +386,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             s.ready("/ready" if s.name == "engine" else "/health")
             s.run(work[:2])  # warm: connections, graphs
         table = Table(name, dtype, sum(n for _, n in work), hf_one, hf_bat,
-                      None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)), step)
+                      None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)))
         order = list(servers)
         outs: dict[str, list[list]] = {}  # each contender's outputs, round by round
         for r in range(args.rounds):
@@ -380,6 +397,10 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
                 print(f"bench: {name} {dtype} round {r + 1}: {k} {wall:.2f} s", flush=True)
                 table.walls.setdefault(k, []).append(wall)
                 outs.setdefault(k, []).append(out)
+            time.sleep(args.gap)
+            table.steps.append(stepper.measure())
+            print(f"bench: {name} {dtype} round {r + 1}: decode step {table.steps[-1].ms:.1f} ms, floor"
+                  f" {table.steps[-1].floor_ms:.1f} ms", flush=True)
         if ref is None:  # no HF reference: agreement with the engine; a parting still gets HF's gap there
             ref = outs["engine"][0]
         for k, rounds in outs.items():

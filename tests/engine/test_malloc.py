@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from atom_engine import malloc
 
 # Prints a line per start of the program: an exec shows as a second "start".
 PROGRAM = """
@@ -19,12 +20,12 @@ malloc.reexec_with_tcmalloc()
 print("malloc", malloc.active(), os.environ.get("LD_PRELOAD", ""), flush=True)
 """
 
-needs_tcmalloc = pytest.mark.skipif(ctypes.util.find_library("tcmalloc_minimal") is None,
+needs_tcmalloc = pytest.mark.skipif(ctypes.util.find_library(malloc.LIBRARY) is None,
                                     reason="libtcmalloc-minimal4 is not installed (make prereqs installs it)")
 
 
 def run(**env: str) -> tuple[subprocess.Popen, list[list[str]]]:
-    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ATOM_ENGINE_TCMALLOC")}
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", malloc.SWITCH)}
     proc = subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, text=True,
                             env={**base, **env})
     out, _ = proc.communicate(timeout=60)
@@ -42,14 +43,14 @@ def test_the_process_execs_itself_once_under_tcmalloc_keeping_its_pid() -> None:
 
 @needs_tcmalloc
 def test_switched_off_it_stays_on_the_system_malloc() -> None:
-    _, lines = run(ATOM_ENGINE_TCMALLOC="0")
+    _, lines = run(**{malloc.SWITCH: "0"})
     assert [line[0] for line in lines] == ["start", "malloc"]
     assert lines[1][1:] == ["system"]
 
 
 @needs_tcmalloc
 def test_an_existing_preload_of_tcmalloc_is_kept_and_not_execed_again() -> None:
-    library = ctypes.util.find_library("tcmalloc_minimal")
+    library = ctypes.util.find_library(malloc.LIBRARY)
     _, lines = run(LD_PRELOAD=library)
     assert [line[0] for line in lines] == ["start", "malloc"]
     assert lines[1][1:] == ["tcmalloc", library]
@@ -64,8 +65,6 @@ def test_other_preloads_are_kept_beside_it() -> None:
 
 
 def test_without_the_library_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from atom_engine import malloc
-
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv(malloc.SWITCH, raising=False)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)

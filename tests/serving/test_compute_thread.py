@@ -4,7 +4,6 @@ thread's OpenMP team made every decode step pay a wake-up per parallel region)."
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,10 +92,10 @@ def test_compute_thread_hands_errors_to_the_caller_and_goes_on() -> None:
 
 def test_compute_thread_shutdown_cancels_queued_jobs_not_the_running_one() -> None:
     compute = ComputeThread()
-    release = threading.Event()
-    running = compute.submit(lambda: release.wait(5) and "finished")
+    started, release = threading.Event(), threading.Event()
+    running = compute.submit(lambda: started.set() or (release.wait(5) and "finished"))
     queued = compute.submit(lambda: "never")
-    time.sleep(0.05)
+    assert started.wait(5)  # the first job holds the thread; the second is still queued
     compute.shutdown(wait=False, cancel_futures=True)
     assert queued.cancelled()
     release.set()

@@ -3,7 +3,9 @@
 One :meth:`Batcher.step` (1) applies cancels, (2) fills free lanes from the queue (a lane freed in the last step
 is refilled now, not at the end of a batch), (3) brings each lane still without its prompt's KV one step further:
 one prefill chunk, or, with a KV connector (:mod:`atom_engine.kv_connector`: PD's remote prefill), the import of
-a shipment that has arrived, and (4) runs one static-shape decode step over all lanes. An exception while
+a shipment that has arrived, and (4) runs one decode step over all lanes: one token per lane, or, with
+``speculative_tokens``, a greedy lane's last token and its prompt-lookup draft (:mod:`atom_engine.speculation`),
+of which it keeps what the model agrees with, so a lane may gain several tokens in one step. An exception while
 serving one request ends that request with an error; the batcher keeps serving the others and every KV block
 stays accounted for.
 
@@ -24,6 +26,7 @@ from atom_engine.errors import ContextTooLong, QueueFull, RequestRejected
 from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.kv_connector import KVConnector, LoadedKV
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
+from atom_engine.speculation import PromptLookup
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,10 @@ class Runner(Protocol):
     def decode(self, batch: list[Sequence | None]) -> list[int | None]:
         """One decode step over all lanes (``None``: an empty lane, padded with the scratch block). Each
         sequence feeds its last token at position ``seq.computed``; returns the sampled token per lane."""
+
+    def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:
+        """A decode step in which each lane also feeds its draft (greedy lanes only; others have none); returns
+        per lane the draft tokens the model agrees with, then its own next token (see ModelRunner.verify)."""
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy a whole KV block (a prefix-cache hit)."""
@@ -60,9 +67,10 @@ class Batcher:
         eos_token_id: int | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
         connector: KVConnector | None = None,
+        speculative_tokens: int = 0,
     ) -> None:
         """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
-        here)."""
+        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -72,6 +80,7 @@ class Batcher:
         self.eos_token_id = eos_token_id
         self.detokenize = detokenize
         self.connector = connector
+        self.speculative_tokens = speculative_tokens
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
         self._cancels: set[str] = set()
@@ -79,7 +88,7 @@ class Batcher:
         self.counters = {
             "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
             "steps": 0, "decode_steps": 0, "prefill_chunks": 0, "requests_finished": 0, "requests_failed": 0,
-            "requests_cancelled": 0,
+            "requests_cancelled": 0, "draft_tokens": 0, "draft_tokens_accepted": 0,
         }
 
     # -- requests --------------------------------------------------------------------------------
@@ -225,18 +234,44 @@ class Batcher:
         if not active:
             return
         self.counters["decode_steps"] += 1
+        drafts = self._drafts(batch)
         try:
-            tokens = self.runner.decode(batch)
-        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone (same shapes)
-            tokens = self._decode_lanes_alone(batch, out)
-        for seq, token in zip(batch, tokens, strict=True):
-            if seq is None or token is None or seq.finished:
+            if any(drafts):
+                news = self.runner.verify(batch, drafts)
+            else:
+                news = [None if t is None else [t] for t in self.runner.decode(batch)]
+        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone, without drafts
+            drafts = [[] for _ in batch]
+            news = [None if t is None else [t] for t in self._decode_lanes_alone(batch, out)]
+        for seq, draft, new in zip(batch, drafts, news, strict=True):
+            if seq is None or new is None or seq.finished:
                 continue
-            seq.computed += 1
-            try:
-                self._append(seq, token, out)
-            except Exception as exc:  # noqa: BLE001
-                self._fail(seq, exc, out)
+            self.counters["draft_tokens"] += len(draft)
+            self.counters["draft_tokens_accepted"] += len(new) - 1
+            for token in new:  # each token's KV (the one fed before it) is in the block now
+                seq.computed += 1
+                try:
+                    self._append(seq, token, out)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(seq, exc, out)
+                if seq.finished:  # a stop inside the accepted draft: the rest is dropped
+                    break
+
+    def _drafts(self, batch: list[Sequence | None]) -> list[list[int]]:
+        """Each lane's draft: plain greedy lanes only (a draft is checked against the argmax), never past the
+        request's max_tokens (so never past maxSeqLen)."""
+        drafts: list[list[int]] = []
+        for seq in batch:
+            k = 0 if seq is None or not seq.params.plain_greedy else min(
+                self.speculative_tokens, seq.params.max_tokens - len(seq.output) - 1)
+            if k <= 0:
+                drafts.append([])
+                continue
+            assert seq is not None
+            if seq.lookup is None:
+                seq.lookup = PromptLookup()
+            drafts.append(seq.lookup.propose(seq.prompt, seq.output, k))
+        return drafts
 
     def _decode_lanes_alone(self, batch: list[Sequence | None], out: list[StepOutput]) -> list[int | None]:
         # Rewriting a lane's KV at the same position with the same token is idempotent, so a retry is safe.

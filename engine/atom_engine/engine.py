@@ -59,6 +59,7 @@ class LLMEngine:
             self.runner, self.kv, lanes=settings.lanes, max_seq_len=settings.max_seq_len,
             prefill_chunk=self.runner.chunk, max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,
             detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
+            speculative_tokens=self.runner.speculative_tokens,
         )
         self._step_lock = threading.Lock()
 

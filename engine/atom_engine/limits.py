@@ -22,6 +22,9 @@ KV_BLOCKS_MIN = 2
 KV_BLOCKS_MAX = 4096
 MAX_SEQ_LEN_MIN = 64
 MAX_SEQ_LEN_MAX = 32768
+# Draft tokens a decode step may verify per lane (speculation, atom_engine.speculation); a step feeds at most one
+# more token per lane than this.
+SPECULATIVE_TOKENS_MAX = 7
 # CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
 CEL_INT_DIGITS = 5
 NPUS_PER_REPLICA_MAX = 64  # the most devices one engine drives (settings.numDevices, the spec's npusPerReplica)

@@ -24,6 +24,9 @@ class ModelRunner:
         self.chunk = min(settings.prefill_chunk, model.max_seq_len)
         self.backend = build_backend(settings, model, self.chunk)  # loads or compiles (and saves) the graphs
         self.forward_seconds = 0.0  # time inside graphs, for the engine-overhead figure
+        # Draft tokens a decode step may verify per lane; 0 where the backend's decode graph takes one token per
+        # lane (the NPU backends compile [lanes, 1]).
+        self.speculative_tokens = settings.speculative_tokens if getattr(self.backend, "verifies_drafts", False) else 0
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
@@ -73,6 +76,47 @@ class ModelRunner:
         logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
         self.forward_seconds += time.perf_counter() - t0
         return sample_batch(logits, batch)
+
+    @torch.inference_mode()
+    def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:
+        """One decode step that also checks each lane's draft (:mod:`atom_engine.speculation`): a lane feeds its
+        last token and its draft at positions ``seq.computed..``; it gets back the draft tokens the model's own
+        argmax agrees with, in order up to the first that differs, then the model's next token. Greedy gives what
+        one-token steps would; a lane with no draft samples its one token as a decode step does."""
+        if len(batch) != self.lanes or len(drafts) != self.lanes:
+            raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)} and {len(drafts)} drafts")
+        if any(d and (s is None or not s.params.plain_greedy) for s, d in zip(batch, drafts, strict=True)):
+            raise ValueError("only plain greedy lanes take a draft (it is checked against the argmax)")
+        t = 1 + max(len(d) for d in drafts)
+        ids, positions, slots = [], [], []
+        for seq, draft in zip(batch, drafts, strict=True):
+            if seq is None:
+                ids.append([0] * t), positions.append([0] * t), slots.append([SCRATCH_BLOCK] * t)
+                continue
+            n = 1 + len(draft)
+            # Pads repeat the last real token's position and write into the scratch block: the lane's KV is not
+            # touched past its draft, and their logits are never read.
+            ids.append([seq.last_token, *draft] + [0] * (t - n))
+            positions.append([seq.computed + j for j in range(n)] + [seq.computed + n - 1] * (t - n))
+            slots.append([seq.block] * n + [SCRATCH_BLOCK] * (t - n))
+        blocks = [SCRATCH_BLOCK if s is None else s.block for s in batch]
+        t0 = time.perf_counter()
+        logits = self.backend.verify(torch.tensor(ids), torch.tensor(positions), torch.tensor(slots),
+                                     torch.tensor(blocks))
+        self.forward_seconds += time.perf_counter() - t0
+        greedy = torch.argmax(logits, dim=-1).tolist()
+        out: list[list[int] | None] = []
+        for i, (seq, draft) in enumerate(zip(batch, drafts, strict=True)):
+            if seq is None:
+                out.append(None)
+            elif not draft:
+                out.append([greedy[i][0] if seq.params.plain_greedy else sample(logits[i, 0], seq)])
+            else:
+                agreed = 0
+                while agreed < len(draft) and draft[agreed] == greedy[i][agreed]:
+                    agreed += 1
+                out.append(draft[:agreed] + [greedy[i][agreed]])
+        return out
 
     @torch.inference_mode()
     def copy_block(self, src: int, dst: int) -> None:

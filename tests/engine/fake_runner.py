@@ -17,11 +17,17 @@ def next_token(context: list[int]) -> int:
     return h % VOCAB
 
 
-def reference(prompt: list[int], max_tokens: int, eos: int | None = None) -> list[int]:
+def echo_token(context: list[int]) -> int:
+    """A model that repeats its context with period 3: prompt lookup guesses it right from the first repeat."""
+    return context[-3] if len(context) >= 3 else next_token(context)
+
+
+def reference(prompt: list[int], max_tokens: int, eos: int | None = None,
+              model: Callable[[list[int]], int] = next_token) -> list[int]:
     """What any correct batcher must produce for ``prompt`` (greedy, no other stop)."""
     ctx, out = list(prompt), []
     while len(out) < max_tokens:
-        t = next_token(ctx)
+        t = model(ctx)
         out.append(t)
         ctx.append(t)
         if t == eos:
@@ -30,10 +36,13 @@ def reference(prompt: list[int], max_tokens: int, eos: int | None = None) -> lis
 
 
 class FakeRunner:
-    def __init__(self, kv_blocks: int, max_seq_len: int, lanes: int) -> None:
+    def __init__(self, kv_blocks: int, max_seq_len: int, lanes: int,
+                 model: Callable[[list[int]], int] = next_token) -> None:
         self.blocks: list[list[int | None]] = [[None] * max_seq_len for _ in range(kv_blocks)]
         self.lanes = lanes
+        self.model = model
         self.decode_calls: list[list[str | None]] = []
+        self.verify_calls: list[list[list[int]]] = []  # the drafts of each speculative step
         self.prefill_calls: list[tuple[str, int, int]] = []  # (request id, start, n tokens)
         self.copies: list[tuple[int, int]] = []
         self.fault: Callable[[Sequence], bool] = lambda seq: False  # raise while serving these requests
@@ -49,7 +58,7 @@ class FakeRunner:
         self.prefill_calls.append((seq.id, start, len(tokens)))
         for i, t in enumerate(tokens):
             self.blocks[seq.block][start + i] = t
-        return next_token(self._read(seq.block, start + len(tokens))) if last else None
+        return self.model(self._read(seq.block, start + len(tokens))) if last else None
 
     def decode(self, batch: list[Sequence | None]) -> list[int | None]:
         assert len(batch) == self.lanes
@@ -62,7 +71,33 @@ class FakeRunner:
                 out.append(None)
                 continue
             self.blocks[seq.block][seq.computed] = seq.tokens[-1]
-            out.append(next_token(self._read(seq.block, seq.computed + 1)))
+            out.append(self.model(self._read(seq.block, seq.computed + 1)))
+        return out
+
+    def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:
+        """As ModelRunner.verify: each lane writes its last token and its draft (a real block has room for them:
+        an IndexError here is a draft past maxSeqLen), and keeps the draft's agreeing head plus the next token."""
+        assert len(batch) == self.lanes and len(drafts) == self.lanes
+        self.verify_calls.append([list(d) for d in drafts])
+        if any(s is not None and self.fault(s) for s in batch):
+            raise RuntimeError("injected fault in the batch")
+        out: list[list[int] | None] = []
+        for seq, draft in zip(batch, drafts, strict=True):
+            if seq is None:
+                assert not draft
+                out.append(None)
+                continue
+            assert not draft or seq.params.plain_greedy, "a draft for a lane that is not plain greedy"
+            fed = [seq.tokens[-1], *draft]
+            for i, t in enumerate(fed):
+                self.blocks[seq.block][seq.computed + i] = t
+            new = []
+            for i in range(len(fed)):
+                token = self.model(self._read(seq.block, seq.computed + i + 1))
+                new.append(token)
+                if i == len(draft) or token != draft[i]:
+                    break
+            out.append(new)
         return out
 
     def copy_block(self, src: int, dst: int) -> None:

@@ -123,3 +123,49 @@ def test_pack_takes_onednn_only_for_weights_large_enough(monkeypatch: pytest.Mon
     wide = model(hidden_size=256, intermediate_size=512, num_heads=4, head_dim=64)  # every weight >= 256 x 256
     wide.pack()
     assert wide.head.onednn and wide.model.layers[0].self_attn.o.onednn
+
+
+# A speculative step: each lane's last token and a draft of its own length (0..3), padded to the longest.
+VERIFIES = {"one-call": ([1, 2, SCRATCH_BLOCK, 4], [2, 0, 0, 3]),
+            "row-by-row": ([1, SCRATCH_BLOCK, 5, SCRATCH_BLOCK], [1, 0, 3, 0])}
+
+
+@pytest.mark.parametrize("lanes", VERIFIES.values(), ids=VERIFIES.keys())
+@torch.inference_mode()
+def test_speculative_step_equals_static_graph(lanes: tuple[list[int], list[int]]) -> None:
+    from atom_engine.backends.cpu import CpuBackend
+
+    lane_blocks, drafts = lanes
+    static = model()
+    backend = CpuBackend(model(), kv_blocks=BLOCKS)  # packs; verifies flat (Ragged)
+    ks, vs = caches(static)
+    g = torch.Generator().manual_seed(5)
+    lengths = {1: 9, 2: 20, 4: 3, 5: 14}
+    for block, n in lengths.items():
+        tokens = torch.randint(0, TINY_CONFIG.vocab_size, (n,), generator=g).tolist()
+        prefill(static, ks, vs, block, tokens, eager=False)
+        backend.prefill(torch.tensor([tokens]), torch.arange(n)[None], torch.full((1, n), block),
+                        torch.tensor([block]), torch.tensor([n - 1]))
+    t = 1 + max(drafts)
+    ids = torch.randint(0, TINY_CONFIG.vocab_size, (4, t), generator=g)
+    pos = torch.zeros(4, t, dtype=torch.long)
+    slots = torch.full((4, t), SCRATCH_BLOCK)
+    for i, (b, d) in enumerate(zip(lane_blocks, drafts, strict=True)):
+        if b == SCRATCH_BLOCK:
+            continue
+        start = lengths[b] - 1  # the lane's last token sits at its last position, then its draft
+        pos[i] = torch.tensor([start + min(j, d) for j in range(t)])
+        slots[i, : 1 + d] = b
+    blocks = torch.tensor(lane_blocks)
+    rows = [(b, int(pos[i].max()) + 1) for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
+    assert BlockSpan.fits(rows, t) == (lanes is VERIFIES["one-call"])
+    want = static(ids, pos, slots, blocks, torch.arange(t).expand(4, t), ks, vs)
+    got = backend.verify(ids, pos, slots, blocks)
+    for i, (b, d) in enumerate(zip(lane_blocks, drafts, strict=True)):
+        if b == SCRATCH_BLOCK:
+            assert not got[i].any()
+            continue
+        torch.testing.assert_close(got[i, : 1 + d], want[i, : 1 + d], rtol=1e-5, atol=1e-5)
+        assert not got[i, 1 + d :].any()  # pads are never computed
+        end = lengths[b] + d
+        torch.testing.assert_close(backend.k_cache[:, b, :, :end], ks[:, b, :, :end], rtol=1e-5, atol=1e-5)

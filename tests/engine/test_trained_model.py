@@ -81,14 +81,19 @@ def prompts_and_reference(checkpoint, hf_tokenizer):  # noqa: ANN001, ANN201
     return prompts, ref
 
 
-@pytest.mark.parametrize("prefix_cache", [True, False], ids=["prefix-cache", "no-cache"])
-def test_greedy_tokens_equal_hf_generate(prompts_and_reference, prefix_cache: bool) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("prefix_cache", "speculative_tokens"), [(True, 0), (True, 2), (False, 2), (False, 7)],
+                         ids=["prefix-cache", "prefix-cache-drafts", "no-cache-drafts", "no-cache-drafts-7"])
+def test_greedy_tokens_equal_hf_generate(prompts_and_reference, prefix_cache: bool, speculative_tokens: int
+                                         ) -> None:  # noqa: ANN001
     prompts, ref = prompts_and_reference
     lanes = 2  # four prompts on two lanes: requests join and leave a running batch
     e = LLMEngine(EngineSettings(model_source=SOURCE, lanes=lanes, kv_blocks=lanes + (2 if prefix_cache else 1),
-                                 prefix_cache=prefix_cache, max_seq_len=128, prefill_chunk=16))
+                                 prefix_cache=prefix_cache, max_seq_len=128, prefill_chunk=16,
+                                 speculative_tokens=speculative_tokens))
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     assert [o.token_ids for o in e.generate(prompts, params)] == ref
+    if speculative_tokens:  # a trained model repeats its prompt: some drafts were right, and kept
+        assert e.stats()["draft_tokens_accepted"] > 0
     if prefix_cache:  # a second round: every prompt is now a prefix-cache hit
         assert [o.token_ids for o in e.generate(prompts, params)] == ref
         assert e.stats()["prefix_cache_hits"] >= len(prompts)

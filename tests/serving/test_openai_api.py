@@ -187,7 +187,8 @@ async def test_probes_and_vllm_metric_names(_standalone: str) -> None:
             text = await r.text()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "atom:kv_blocks_free", "atom:kv_blocks_cached", "atom:kv_blocks_lanes"):
         assert re.search(rf'^{name}{{[^}}]*model_name="{MODEL}"', text, re.M), name

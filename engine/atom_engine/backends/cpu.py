@@ -49,6 +49,25 @@ class CpuBackend:
         logits[idx] = part
         return logits
 
+    verifies_drafts = True  # decode takes several tokens per lane (speculation): eager torch has no shapes
+
+    def verify(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor
+               ) -> torch.Tensor:
+        """A speculative decode step: ``[lanes, T]`` tokens per lane (its last token and its draft, padded with
+        tokens that write into the scratch block); the logits ``[lanes, T, vocab]`` of every token (zeros for
+        pads and empty lanes). Only real tokens are computed: they go through the model flat (``counts``)."""
+        real = slots != SCRATCH_BLOCK  # pads and empty lanes write into the scratch block
+        counts = real.sum(dim=1).tolist()
+        active = [i for i, c in enumerate(counts) if c]
+        ends = (positions.masked_fill(~real, -1).amax(dim=1) + 1).tolist()
+        rows = [(int(blocks[i]), ends[i]) for i in active]
+        n = sum(counts)
+        flat = self.model(ids[real][None], positions[real][None], slots[real][None], blocks[active],
+                          torch.arange(n)[None], self.k_cache, self.v_cache, rows, [counts[i] for i in active])
+        logits = flat.new_zeros(*ids.shape, flat.shape[-1])
+        logits[real] = flat[0]
+        return logits
+
     def copy_block(self, src: int, dst: int) -> None:
         self.copy(torch.tensor([src]), torch.tensor([dst]), self.k_cache, self.v_cache)
 

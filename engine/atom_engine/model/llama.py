@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atom_engine import limits
 from atom_engine.model.config import ModelConfig
 from atom_engine.model.packed import PackedLinear
 
@@ -43,15 +44,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor | None) -> torch.Tensor:
-    """One query token per row (``q``: [B, H, 1, D]) over [B, KVH, S, D]: the H / KVH query heads that share a KV
-    head go in as that head's queries (``[B, KVH, H / KVH, D]``, the order ``enable_gqa`` pairs them in), so the
-    kernel reads each KV head once and no KV is repeated. The same sums as SDPA with ``enable_gqa``; on SmolLM2's
-    decode (8 rows x 260 positions, 9 / 3 heads, one thread) 240 us a layer against 400 us in float32, and 310 us
-    against 2.9 ms in bfloat16, whose GQA path is not vectorised. Prefill (T > 1) gains nothing this way."""
-    b, h, _, d = q.shape
+    """A few query tokens per row (``q``: [B, H, T, D], T = 1 for plain decode) over [B, KVH, S, D]: the H / KVH
+    query heads that share a KV head go in as that head's queries (``[B, KVH, H / KVH * T, D]``, the order
+    ``enable_gqa`` pairs them in; ``mask`` then has a row per head and token), so the kernel reads each KV head once
+    and no KV is repeated. The same sums as SDPA with ``enable_gqa``; on SmolLM2's decode (8 rows x 260 positions,
+    9 / 3 heads, one thread) 240 us a layer against 400 us in float32, and 310 us against 2.9 ms in bfloat16, whose
+    GQA path is not vectorised. Prefill (long T) gains nothing this way."""
+    b, h, t, d = q.shape
     kvh = keys.shape[1]
-    out = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh, d), keys, values, attn_mask=mask)
-    return out.view(b, h, 1, d)
+    out = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh * t, d), keys, values, attn_mask=mask)
+    return out.view(b, h, t, d)
 
 
 class RowViews:
@@ -79,43 +81,99 @@ class RowViews:
 
 class BlockSpan:
     """Eager decode attention in one call: the rows' blocks lie close together in the cache, so one view of the
-    blocks ``lo..hi`` cut to the longest row (no KV copied) serves every row at once. Each row's query goes to its
-    own block; a mask hides the positions past each row's length; blocks of the span that no row holds (free or
-    cached) get a copy of some query and their output is dropped. One attention call per layer instead of one per
-    row: on the benchmark's 8 lanes of 200-300 tokens one call takes about 90 us against 8 x 18 us row by row,
-    and the decode step about 8 % less time."""
+    blocks ``lo..hi`` cut to the longest row (no KV copied) serves every row at once. Each row's queries go to its
+    own block; a mask hides the positions past each query's own (a row's later tokens, its block's stale tail);
+    blocks of the span that no row holds (free or cached) get a copy of some row's queries and their output is
+    dropped. One attention call per layer instead of one per row: on the benchmark's 8 lanes of 200-300 tokens one
+    call takes about 90 us against 8 x 18 us row by row, and the decode step about 8 % less time. A speculative
+    step (a few tokens per row, :mod:`atom_engine.speculation`) spans the same way."""
 
     # A span of at most twice as many blocks as rows; wider, the padded work would grow past the calls saved (a
     # judgement: only spans of full 8-lane batches were measured).
     MAX_BLOCKS_PER_ROW = 2
+    # Tokens per row: decode's one, or a speculative step's few. A prefill chunk (one row) keeps the row path.
+    MAX_TOKENS = 1 + limits.SPECULATIVE_TOKENS_MAX
 
     @classmethod
-    def fits(cls, rows: list[tuple[int, int]]) -> bool:
+    def fits(cls, rows: list[tuple[int, int]], t: int = 1) -> bool:
+        if t > 1 and (t > cls.MAX_TOKENS or len(rows) < 2):
+            return False
         blocks = [blk for blk, _ in rows]
         return len(set(blocks)) == len(blocks) and max(blocks) - min(blocks) < cls.MAX_BLOCKS_PER_ROW * len(rows)
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]]) -> None:
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
+                 positions: torch.Tensor | None = None, group: int = 1) -> None:
+        """``positions`` ``[B, T]``: each query's position (None: one query per row, at its row's last position);
+        ``group``: query heads per KV head (the mask has a row per head and token when T > 1)."""
         blocks = [blk for blk, _ in rows]
         lo, hi, width = min(blocks), max(blocks), max(n for _, n in rows)
         self.keys, self.values = k_cache[:, lo : hi + 1, :, :width], v_cache[:, lo : hi + 1, :, :width]
-        lengths = [width] * (hi + 1 - lo)  # blocks no row holds: any length, their output is dropped
+        t = 1 if positions is None else positions.shape[1]
+        # Blocks no row holds see every position: their output is dropped.
+        seen = torch.full((hi + 1 - lo, t), width - 1, dtype=torch.long)
         query_of = [0] * (hi + 1 - lo)
         for r, (blk, n) in enumerate(rows):
-            lengths[blk - lo], query_of[blk - lo] = n, r
+            query_of[blk - lo] = r
+            seen[blk - lo] = n - 1 if positions is None else positions[r]
         self.query_of = torch.tensor(query_of)
         self.block_of = torch.tensor([blk - lo for blk in blocks])
-        hidden = torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None]
+        hidden = torch.arange(width)[None, None, :] > seen[:, :, None]  # [blocks, T, width]
+        if t > 1:  # rows ordered (head, token), as decode_attention lays the queries out
+            hidden = hidden.repeat(1, group, 1)
         # Additive, built once per step: SDPA would turn a bool mask into this in every layer.
-        self.mask = torch.zeros(hidden.shape, dtype=k_cache.dtype).masked_fill_(hidden, float("-inf"))[:, None, None]
+        self.mask = torch.zeros(hidden.shape, dtype=k_cache.dtype).masked_fill_(hidden, float("-inf"))[:, None]
 
-    def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [B, H, 1, D]
+    def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [B, H, T, D]
         return decode_attention(q[self.query_of], self.keys[layer], self.values[layer], self.mask)[self.block_of]
 
 
-def eager_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]], t: int,
-                    mask: torch.Tensor | None) -> RowViews | BlockSpan:
-    if t == 1 and BlockSpan.fits(rows):
-        return BlockSpan(k_cache, v_cache, rows)
+def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """``[B, 1, T, kv_len]`` bool: each token may attend to the positions up to its own."""
+    key_pos = torch.arange(kv_len, device=positions.device)
+    return (key_pos[None, None, :] <= positions[:, :, None])[:, None]
+
+
+class Ragged:
+    """A speculative step's tokens laid out flat (``[1, N]``: row r's ``counts[r]`` tokens in turn), so the
+    linears multiply only real tokens (lanes' drafts differ in length), while attention sees them as padded rows
+    ``[B, H, T, D]`` (a pad repeats its row's last token; its output is dropped)."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.rows, self.t = len(counts), max(counts)
+        pad_index, real_index, start = [], [], 0
+        for r, c in enumerate(counts):
+            pad_index += [start + min(j, c - 1) for j in range(self.t)]
+            real_index += [r * self.t + j for j in range(c)]
+            start += c
+        self.pad_index, self.real_index = torch.tensor(pad_index), torch.tensor(real_index)
+        self.inner: RowViews | BlockSpan | None = None  # set by eager_attention
+
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:  # [1, N] -> [B, T]
+        return flat[0, self.pad_index].view(self.rows, self.t)
+
+    def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [1, H, N, D]
+        assert self.inner is not None
+        h, d = q.shape[1], q.shape[3]
+        padded = q[0, :, self.pad_index].view(h, self.rows, self.t, d).transpose(0, 1)  # [B, H, T, D]
+        out = self.inner.attend(padded, layer).transpose(0, 1).reshape(h, self.rows * self.t, d)
+        return out[:, self.real_index][None]
+
+
+def eager_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
+                    positions: torch.Tensor, group: int, counts: list[int] | None = None
+                    ) -> RowViews | BlockSpan | Ragged:
+    """The eager path's attention over ``rows`` (each row's block and length) for tokens at ``positions``
+    ``[B, T]``, or, with ``counts``, for the flat tokens ``[1, N]`` of rows holding that many each."""
+    if counts is not None:
+        ragged = Ragged(counts)
+        inner = eager_attention(k_cache, v_cache, rows, ragged.pad(positions), group)
+        assert not isinstance(inner, Ragged)
+        ragged.inner = inner
+        return ragged
+    t = positions.shape[1]
+    if BlockSpan.fits(rows, t):
+        return BlockSpan(k_cache, v_cache, rows, positions if t > 1 else None, group)
+    mask = None if t == 1 else causal_mask(positions, max(n for _, n in rows))
     return RowViews(k_cache, v_cache, rows, mask)
 
 
@@ -146,7 +204,7 @@ class Attention(nn.Module):
         attn_blocks: torch.Tensor,  # [B]: the block each row attends over
         mask: torch.Tensor | None,  # [B, 1, T, S] bool: may attend
         layer: int,
-        eager: RowViews | BlockSpan | None = None,  # eager only, see LlamaForCausalLM.forward
+        eager: RowViews | BlockSpan | Ragged | None = None,  # eager only, see LlamaForCausalLM.forward
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, kvh = self.num_heads, self.num_kv_heads
@@ -254,18 +312,19 @@ class LlamaForCausalLM(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         rows: list[tuple[int, int]] | None = None,
+        counts: list[int] | None = None,
     ) -> torch.Tensor:
+        """``rows`` (eager backends): each row's block and length. ``counts`` (eager, a speculative step): the
+        tokens come flat, ``[1, N]``, ``counts[r]`` of them for row r in turn (see Ragged)."""
         dtype = self.dtype
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(dtype).unsqueeze(2)  # [B, T, 1, head_dim]: broadcast over heads
         sin = self.rope_sin[positions].to(dtype).unsqueeze(2)
-        mask = None
-        if rows is None or input_ids.shape[1] > 1:
-            kv_len = k_cache.shape[-2] if rows is None else max(n for _, n in rows)
-            key_pos = torch.arange(kv_len, device=positions.device)
-            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
-        # Eager: attend over views of the cache (no gather of whole blocks); see RowViews and BlockSpan.
-        eager = None if rows is None else eager_attention(k_cache, v_cache, rows, input_ids.shape[1], mask)
+        # Static shapes: every row's whole block, masked. Eager: attend over views of the cache (no gather of whole
+        # blocks); see RowViews, BlockSpan and Ragged.
+        mask = causal_mask(positions, k_cache.shape[-2]) if rows is None else None
+        group = self.cfg.num_heads // self.cfg.num_kv_heads
+        eager = None if rows is None else eager_attention(k_cache, v_cache, rows, positions, group, counts)
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_cache[i], v_cache[i], slot_blocks, positions, attn_blocks, mask,

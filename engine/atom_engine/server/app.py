@@ -100,7 +100,10 @@ class EngineServer:
         try:
             await self.load(asyncio.get_running_loop())
             self.ready.set()
-            log.info("event=ready role=%s model=%s", self.role, self.settings.model_name)
+            # Drafts are verified only where the backend can (cpu): say what this engine actually does.
+            engine = getattr(self, "engine", None)  # a prefill worker has none
+            drafts = engine.batcher.speculative_tokens if engine is not None else 0
+            log.info("event=ready role=%s model=%s speculative_tokens=%d", self.role, self.settings.model_name, drafts)
         except Exception as exc:  # noqa: BLE001 - reported on /health and in the log; the probe restarts us
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("event=load_failed role=%s error=%r", self.role, self.load_error)

@@ -32,6 +32,9 @@ VLLM = {
     "vllm:prefix_cache_hits": ("counter", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
     "vllm:prompt_tokens": ("counter", "prompt_tokens", "Prompt tokens of admitted requests."),
     "vllm:generation_tokens": ("counter", "generation_tokens", "Generated tokens."),
+    "vllm:spec_decode_num_draft_tokens": ("counter", "draft_tokens", "Draft tokens fed to decode steps."),
+    "vllm:spec_decode_num_accepted_tokens": ("counter", "draft_tokens_accepted", "Draft tokens the model agreed"
+                                             " with (kept as output)."),
 }
 ATOM = {
     "atom:kv_blocks_total": ("gauge", "kv_blocks", "KV blocks compiled in (kvBlocks)."),

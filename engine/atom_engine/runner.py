@@ -90,8 +90,10 @@ class ModelRunner:
         t = 1 + max(len(d) for d in drafts)
         ids, positions, slots = [], [], []
         for seq, draft in zip(batch, drafts, strict=True):
-            if seq is None:
-                ids.append([0] * t), positions.append([0] * t), slots.append([SCRATCH_BLOCK] * t)
+            if seq is None:  # an empty lane: all pads
+                ids.append([0] * t)
+                positions.append([0] * t)
+                slots.append([SCRATCH_BLOCK] * t)
                 continue
             n = 1 + len(draft)
             # Pads repeat the last real token's position and write into the scratch block: the lane's KV is not

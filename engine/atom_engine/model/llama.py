@@ -3,12 +3,13 @@
 The KV cache is two preallocated tensors (K and V), each ``[layers, kv_blocks, kv_heads, max_seq_len, head_dim]``,
 owned by the runner and passed in, so one forward serves both graphs with static shapes:
 
-- decode: ``[lanes, 1]`` tokens, one block per lane (empty lanes point at the scratch block);
+- decode: ``[lanes, 1]`` tokens, one block per lane (empty lanes point at the scratch block); a speculative step
+  on an eager backend feeds a few tokens per lane, flat (``counts``, ``Ragged``);
 - prefill: ``[1, chunk]`` tokens of one sequence, padded to the chunk size (pad tokens write to the scratch block).
 
 Eager backends pass ``rows`` (each row's block and length) to attend over views of the cache instead of gathering
-whole blocks (``RowViews``, ``BlockSpan``), and may ``pack()`` the weights for few-row matmuls (``packed.py``); the
-static-shape graph uses neither.
+whole blocks (``RowViews``, ``BlockSpan``, ``Ragged``), and may ``pack()`` the weights for few-row matmuls
+(``packed.py``); the static-shape graph uses neither.
 
 Module names follow the Hugging Face checkpoints, so a ``state_dict`` loads as is.
 """
@@ -136,9 +137,11 @@ def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
 class Ragged:
     """A speculative step's tokens laid out flat (``[1, N]``: row r's ``counts[r]`` tokens in turn), so the
     linears multiply only real tokens (lanes' drafts differ in length), while attention sees them as padded rows
-    ``[B, H, T, D]`` (a pad repeats its row's last token; its output is dropped)."""
+    ``[B, H, T, D]`` (a pad repeats its row's last token; its output is dropped), through a BlockSpan or RowViews
+    built for the padded positions."""
 
-    def __init__(self, counts: list[int]) -> None:
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
+                 positions: torch.Tensor, group: int, counts: list[int]) -> None:
         self.rows, self.t = len(counts), max(counts)
         pad_index, real_index, start = [], [], 0
         for r, c in enumerate(counts):
@@ -146,30 +149,20 @@ class Ragged:
             real_index += [r * self.t + j for j in range(c)]
             start += c
         self.pad_index, self.real_index = torch.tensor(pad_index), torch.tensor(real_index)
-        self.inner: RowViews | BlockSpan | None = None  # set by eager_attention
-
-    def pad(self, flat: torch.Tensor) -> torch.Tensor:  # [1, N] -> [B, T]
-        return flat[0, self.pad_index].view(self.rows, self.t)
+        padded = positions[0, self.pad_index].view(self.rows, self.t)
+        self.inner = padded_attention(k_cache, v_cache, rows, padded, group)
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [1, H, N, D]
-        assert self.inner is not None
         h, d = q.shape[1], q.shape[3]
         padded = q[0, :, self.pad_index].view(h, self.rows, self.t, d).transpose(0, 1)  # [B, H, T, D]
         out = self.inner.attend(padded, layer).transpose(0, 1).reshape(h, self.rows * self.t, d)
         return out[:, self.real_index][None]
 
 
-def eager_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
-                    positions: torch.Tensor, group: int, counts: list[int] | None = None
-                    ) -> RowViews | BlockSpan | Ragged:
-    """The eager path's attention over ``rows`` (each row's block and length) for tokens at ``positions``
-    ``[B, T]``, or, with ``counts``, for the flat tokens ``[1, N]`` of rows holding that many each."""
-    if counts is not None:
-        ragged = Ragged(counts)
-        inner = eager_attention(k_cache, v_cache, rows, ragged.pad(positions), group)
-        assert not isinstance(inner, Ragged)
-        ragged.inner = inner
-        return ragged
+def padded_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
+                     positions: torch.Tensor, group: int) -> RowViews | BlockSpan:
+    """Attention over ``rows`` (each row's block and length) for tokens at ``positions`` ``[B, T]``: one call when
+    the rows' blocks lie close together, else row by row."""
     t = positions.shape[1]
     if BlockSpan.fits(rows, t):
         return BlockSpan(k_cache, v_cache, rows, positions if t > 1 else None, group)
@@ -324,7 +317,10 @@ class LlamaForCausalLM(nn.Module):
         # blocks); see RowViews, BlockSpan and Ragged.
         mask = causal_mask(positions, k_cache.shape[-2]) if rows is None else None
         group = self.cfg.num_heads // self.cfg.num_kv_heads
-        eager = None if rows is None else eager_attention(k_cache, v_cache, rows, positions, group, counts)
+        eager: RowViews | BlockSpan | Ragged | None = None
+        if rows is not None:
+            eager = (padded_attention(k_cache, v_cache, rows, positions, group) if counts is None
+                     else Ragged(k_cache, v_cache, rows, positions, group, counts))
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_cache[i], v_cache[i], slot_blocks, positions, attn_blocks, mask,

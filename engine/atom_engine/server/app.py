@@ -100,10 +100,7 @@ class EngineServer:
         try:
             await self.load(asyncio.get_running_loop())
             self.ready.set()
-            # Drafts are verified only where the backend can (cpu): say what this engine actually does.
-            engine = getattr(self, "engine", None)  # a prefill worker has none
-            drafts = engine.batcher.speculative_tokens if engine is not None else 0
-            log.info("event=ready role=%s model=%s speculative_tokens=%d", self.role, self.settings.model_name, drafts)
+            log.info("event=ready role=%s model=%s", self.role, self.settings.model_name)
         except Exception as exc:  # noqa: BLE001 - reported on /health and in the log; the probe restarts us
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("event=load_failed role=%s error=%r", self.role, self.load_error)
@@ -171,6 +168,8 @@ class OpenAIServer(EngineServer):
                                         prefetch_next=s.prefetch_next)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
         await loop.run_in_executor(self.compute, engine.warm)
+        # Drafts are verified only where the backend can (cpu): say what this engine actually does.
+        log.info("event=engine_loaded speculative_tokens=%d", engine.batcher.speculative_tokens)
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
         if connector is not None:

@@ -26,7 +26,7 @@ from atom_engine.errors import ContextTooLong, QueueFull, RequestRejected
 from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.kv_connector import KVConnector, LoadedKV
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
-from atom_engine.speculation import PromptLookup
+from atom_engine.speculation import Drafter
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,9 @@ class Batcher:
                 continue
             self.counters["draft_tokens"] += len(draft)
             self.counters["draft_tokens_accepted"] += len(new) - 1
+            if draft:
+                assert seq.drafter is not None  # it made the draft
+                seq.drafter.kept(len(draft), len(new) - 1)
             for token in new:  # each token's KV (the one fed before it) is in the block now
                 seq.computed += 1
                 try:
@@ -268,9 +271,9 @@ class Batcher:
                 drafts.append([])
                 continue
             assert seq is not None
-            if seq.lookup is None:
-                seq.lookup = PromptLookup()
-            drafts.append(seq.lookup.propose(seq.prompt, seq.output, k))
+            if seq.drafter is None:
+                seq.drafter = Drafter()
+            drafts.append(seq.drafter.draft(seq.prompt, seq.output, k))
         return drafts
 
     def _decode_lanes_alone(self, batch: list[Sequence | None], out: list[StepOutput]) -> list[int | None]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atom_engine.detokenizer import IncrementalDetokenizer
-from atom_engine.speculation import PromptLookup
+from atom_engine.speculation import Drafter
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (and OpenAI's bound on top_logprobs)
 
@@ -127,7 +127,7 @@ class Sequence:
     cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
     detokenizer: IncrementalDetokenizer | None = None  # the output's text, kept by the batcher (with a tokenizer)
-    lookup: PromptLookup | None = None  # the batcher's n-gram index for drafts (greedy, with speculation)
+    drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
 
     @property
     def tokens(self) -> list[int]:

@@ -38,10 +38,11 @@ class EngineSettings(BaseModel):
     )
     prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
     speculative_tokens: int = Field(
-        2, ge=0, le=limits.SPECULATIVE_TOKENS_MAX,
-        description="Greedy requests: tokens guessed ahead from the request's own text (prompt lookup) and checked"
-        " in the same decode step, so a lane may gain several tokens per step; the output is the one one-token"
-        " steps give. 0: off. Backends whose decode graph takes one token per lane (atom) decode without drafts.",
+        5, ge=0, le=limits.SPECULATIVE_TOKENS_MAX,
+        description="Greedy requests: the most tokens guessed ahead from the request's own text (prompt lookup) and"
+        " checked in the same decode step, so a lane may gain several tokens per step; the output is the one"
+        " one-token steps give. A request's drafts grow while the model keeps them and shrink when it does not."
+        " 0: off. Backends whose decode graph takes one token per lane (atom) decode without drafts.",
     )
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
     dtype: DTypeName = "float32"

@@ -111,7 +111,7 @@ def test_defaults_fill_a_minimal_spec() -> None:
             "kvBlocks": 8,
             "prefixCache": True,
             "localPrefill": True,
-            "speculativeTokens": 2,
+            "speculativeTokens": 5,
         },
         "prefill": {"replicas": 0, "backend": "atom", "npusPerReplica": 1, "prefetchNext": False},
         "service": {"type": "ClusterIP", "port": 8000},

@@ -10,7 +10,7 @@ from atom_engine import limits
 from atom_engine.batcher import Batcher
 from atom_engine.kv_blocks import KVBlocks
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence
-from atom_engine.speculation import NGRAM_MAX, NGRAM_MIN, PromptLookup
+from atom_engine.speculation import NGRAM_MAX, NGRAM_MIN, REACH_GROW, REACH_START, Drafter, PromptLookup
 
 from tests.engine.fake_runner import FakeRunner, echo_token, next_token, reference
 
@@ -19,13 +19,16 @@ MAX_SEQ = 64
 
 def scan(context: list[int], k: int) -> list[int]:
     """The rule PromptLookup indexes, by brute force: the tokens after the latest earlier occurrence of the
-    longest recurring suffix n-gram."""
+    longest recurring suffix n-gram, copied one by one from the text as it grows by the copy itself."""
     for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
         if len(context) <= n:
             continue
         for start in range(len(context) - n - 1, -1, -1):
             if context[start : start + n] == context[-n:]:
-                return context[start + n : start + n + k]
+                grown = list(context)
+                for i in range(k):
+                    grown.append(grown[start + n + i])
+                return grown[len(context) :]
     return []
 
 
@@ -38,6 +41,35 @@ def test_lookup_proposes_what_followed_the_latest_occurrence_of_the_longest_suff
     assert lookup.propose(prompt, [8], 4) == []  # 8 never occurred before
     assert lookup.propose([1, 2, 3], [], 2) == []  # nothing recurs: never a match with itself
     assert lookup.propose(prompt, [8], 0) == []
+
+
+def test_a_copy_that_reaches_the_end_goes_on_with_the_period_it_found() -> None:
+    # "1 2" last seen 2 tokens back: the text after it is "1 2", and if the text repeats, then "1 2 1 ...".
+    assert PromptLookup().propose([4, 1, 2, 1, 2], [], 5) == [1, 2, 1, 2, 1]
+    assert PromptLookup().propose([7, 7], [7], 3) == [7, 7, 7]  # period 1
+    assert PromptLookup().propose([4, 1, 2, 1, 2], [], 1) == [1]  # no further than k
+
+
+def test_a_drafts_reach_grows_while_kept_and_shrinks_when_not() -> None:
+    text = [1, 2, 3] * 6  # any reach finds a draft of that length
+    drafter = Drafter()
+    assert len(drafter.draft(text, [], 7)) == REACH_START
+    drafter.kept(REACH_START, REACH_START)  # kept whole: grows
+    assert len(drafter.draft(text, [], 7)) == REACH_START + REACH_GROW
+    drafter.kept(4, 1)  # a miss: one less than was drafted
+    assert len(drafter.draft(text, [], 7)) == 3
+    for drafted in (3, 2, 1, 1):
+        drafter.kept(drafted, 0)
+    assert len(drafter.draft(text, [], 7)) == 1  # never below one token
+    drafter.kept(0, 0)  # no draft this step (nothing recurred): says nothing about the reach
+    assert drafter.reach == 1
+    for _ in range(5):
+        drafted = len(drafter.draft(text, [], 7))
+        drafter.kept(drafted, drafted)
+    assert len(drafter.draft(text, [], 7)) == 7  # the cap holds ...
+    assert drafter.reach == 7 + REACH_GROW  # ... and the reach stays near it, so a miss brings it under
+    drafter.kept(7, 6)
+    assert len(drafter.draft(text, [], 7)) == 6
 
 
 def test_lookup_indexed_a_step_at_a_time_agrees_with_a_full_scan() -> None:
@@ -87,6 +119,8 @@ def test_outputs_are_those_of_one_token_steps(model, k: int) -> None:  # noqa: A
         assert c["draft_tokens_accepted"] > c["draft_tokens"] // 2
         assert c["decode_steps"] < c["generation_tokens"] - len(seqs)
     assert all(len(d) <= k for call in b.runner.verify_calls for d in call)
+    if model is next_token and k == limits.SPECULATIVE_TOKENS_MAX:  # drafts of the hash fake miss: they shrink
+        assert c["draft_tokens"] < 2 * sum(map(len, b.runner.verify_calls)), "missed drafts did not shrink"
 
 
 def test_no_draft_runs_past_max_tokens_or_the_block() -> None:
@@ -100,11 +134,11 @@ def test_no_draft_runs_past_max_tokens_or_the_block() -> None:
 
 def test_a_stop_inside_an_accepted_draft_ends_there() -> None:
     b = make(model=echo_token, speculative_tokens=limits.SPECULATIVE_TOKENS_MAX)
-    # The echo model continues 8 5 6 8 5 6 ...; from the second step the whole draft is right, and 6 stops it.
-    cut = b.add([5, 6, 8, 5, 6], SamplingParams(max_tokens=30, stop_token_ids=(6,)))
+    # The echo model continues 8 5 6 8 5 6 ...; from the second step the whole draft is right, and 5 stops it.
+    cut = b.add([5, 6, 8, 5, 6], SamplingParams(max_tokens=30, stop_token_ids=(5,)))
     run(b, [cut])
-    assert cut.output == [8, 5, 6] and cut.finish_reason is FinishReason.STOP
-    assert b.runner.verify_calls[0][0][:3] == [5, 6, 8]  # it was fed past the stop, which is then dropped
+    assert cut.output == [8, 5] and cut.finish_reason is FinishReason.STOP
+    assert b.runner.verify_calls[0][0] == [5, 6]  # it was fed past the stop, which is then dropped
     assert b.kv.stats()["lane_blocks"] == 0
     again = b.add([5, 6, 8, 5, 6], SamplingParams(max_tokens=30))  # a prefix-cache hit on what was kept
     run(b, [again])

@@ -104,20 +104,23 @@ class ModelRunner:
         blocks = [SCRATCH_BLOCK if s is None else s.block for s in batch]
         t0 = time.perf_counter()
         logits = self.backend.verify(torch.tensor(ids), torch.tensor(positions), torch.tensor(slots),
-                                     torch.tensor(blocks))
+                                     torch.tensor(blocks))  # [real tokens, vocab], lane by lane
         self.forward_seconds += time.perf_counter() - t0
         greedy = torch.argmax(logits, dim=-1).tolist()
         out: list[list[int] | None] = []
-        for i, (seq, draft) in enumerate(zip(batch, drafts, strict=True)):
+        row = 0  # the lane's first real token in the flat logits
+        for seq, draft in zip(batch, drafts, strict=True):
             if seq is None:
                 out.append(None)
-            elif not draft:
-                out.append([greedy[i][0] if seq.params.plain_greedy else sample(logits[i, 0], seq)])
+                continue
+            if not draft:
+                out.append([greedy[row] if seq.params.plain_greedy else sample(logits[row], seq)])
             else:
                 agreed = 0
-                while agreed < len(draft) and draft[agreed] == greedy[i][agreed]:
+                while agreed < len(draft) and draft[agreed] == greedy[row + agreed]:
                     agreed += 1
-                out.append(draft[:agreed] + [greedy[i][agreed]])
+                out.append(draft[:agreed] + [greedy[row + agreed]])
+            row += 1 + len(draft)
         return out
 
     @torch.inference_mode()

@@ -174,3 +174,27 @@ def test_a_fault_in_a_speculative_step_fails_only_its_request() -> None:
     assert bad.finish_reason is FinishReason.ERROR and "injected fault" in (bad.error or "")
     assert good.output == reference(good.prompt, 10, model=echo_token)
     assert b.kv.stats()["lane_blocks"] == 0
+
+
+def test_the_torch_runner_reads_each_lanes_own_logits_in_a_step_with_drafts() -> None:
+    """builtin:tiny on the cpu backend: greedy lanes with drafts beside a seeded sampled lane and a greedy lane
+    asking for logprobs (neither gets a draft) in the same steps; every output is the one of one-token steps, so
+    each lane read its own rows of the step's flat logits."""
+    from atom_engine.engine import LLMEngine
+    from atom_engine.settings import EngineSettings
+
+    prompts = [[5, 6, 7] * 6, [9, 3, 9, 3, 9, 3, 1], [2, 4, 8, 16, 32], [11, 12, 11, 12, 11]]
+    params = [SamplingParams(max_tokens=24, ignore_eos=True), SamplingParams(max_tokens=24, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0.9, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True)]
+
+    def generate(k: int) -> tuple[list[list[int]], dict[str, int]]:
+        engine = LLMEngine(EngineSettings(lanes=4, kv_blocks=6, max_seq_len=64, speculative_tokens=k))
+        outs = engine.generate(prompts, params)
+        return [o.token_ids for o in outs], dict(engine.batcher.counters)
+
+    plain, _ = generate(0)
+    drafted, counters = generate(5)
+    assert drafted == plain
+    # Rejected drafts still move the later lanes' rows: the random model rarely agrees with a guess.
+    assert counters["draft_tokens"] > 0, "no step carried a draft"

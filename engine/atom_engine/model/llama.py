@@ -138,7 +138,9 @@ class Ragged:
     """A speculative step's tokens laid out flat (``[1, N]``: row r's ``counts[r]`` tokens in turn), so the
     linears multiply only real tokens (lanes' drafts differ in length), while attention sees them as padded rows
     ``[B, H, T, D]`` (a pad repeats its row's last token; its output is dropped), through a BlockSpan or RowViews
-    built for the padded positions."""
+    built for the padded positions. Through a BlockSpan the queries go straight from the flat tokens to the span's
+    blocks and the outputs straight back, one gather each way (padding, the span's rows and back would be four
+    gathers and two copies a layer)."""
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
                  positions: torch.Tensor, group: int, counts: list[int]) -> None:
@@ -151,9 +153,24 @@ class Ragged:
         self.pad_index, self.real_index = torch.tensor(pad_index), torch.tensor(real_index)
         padded = positions[0, self.pad_index].view(self.rows, self.t)
         self.inner = padded_attention(k_cache, v_cache, rows, padded, group)
+        if isinstance(self.inner, BlockSpan):
+            heads = torch.arange(group * k_cache.shape[2])
+            # Span block j's token t is flat token pad_index[query_of[j], t]: q[0][heads, that] is [blocks, H, T, D].
+            self.heads_in = heads[None, :, None]
+            self.tokens_in = self.pad_index.view(self.rows, self.t)[self.inner.query_of][:, None, :]
+            # Flat token i (row r, token t) is the span's output [block_of[r], :, t]: [N, H, D].
+            row_of = torch.repeat_interleave(torch.arange(self.rows), torch.tensor(counts))
+            self.blocks_out = self.inner.block_of[row_of][:, None]
+            self.heads_out = heads[None, :]
+            self.tokens_out = (self.real_index - row_of * self.t)[:, None]
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [1, H, N, D]
         h, d = q.shape[1], q.shape[3]
+        if isinstance(self.inner, BlockSpan):
+            span = self.inner
+            out = decode_attention(q[0][self.heads_in, self.tokens_in], span.keys[layer], span.values[layer],
+                                   span.mask)  # [blocks, H, T, D]
+            return out[self.blocks_out, self.heads_out, self.tokens_out][None].transpose(1, 2)  # [1, H, N, D]
         padded = q[0, :, self.pad_index].view(h, self.rows, self.t, d).transpose(0, 1)  # [B, H, T, D]
         out = self.inner.attend(padded, layer).transpose(0, 1).reshape(h, self.rows * self.t, d)
         return out[:, self.real_index][None]

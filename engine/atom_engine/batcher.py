@@ -5,7 +5,10 @@ is refilled now, not at the end of a batch), (3) brings each lane still without 
 one prefill chunk, or, with a KV connector (:mod:`atom_engine.kv_connector`: PD's remote prefill), the import of
 a shipment that has arrived, and (4) runs one decode step over all lanes: one token per lane, or, with
 ``speculative_tokens``, a greedy lane's last token and its prompt-lookup draft (:mod:`atom_engine.speculation`),
-of which it keeps what the model agrees with, so a lane may gain several tokens in one step. An exception while
+of which it keeps what the model agrees with, so a lane may gain several tokens in one step. Where the runner
+``mixes_prefill`` (the cpu backend), the prefill chunks of (3) ride in the forward of (4), as vLLM's chunked
+prefill does: the weights are read once a step, not once more for every chunk; a lane so prefilled decodes from
+the next step on. An exception while
 serving one request ends that request with an error; the batcher keeps serving the others and every KV block
 stays accounted for.
 
@@ -45,6 +48,11 @@ class Runner(Protocol):
     def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:
         """A decode step in which each lane also feeds its draft (greedy lanes only; others have none); returns
         per lane the draft tokens the model agrees with, then its own next token (see ModelRunner.verify)."""
+
+    def mixed(self, batch: list[Sequence | None], drafts: list[list[int]],
+              chunks: list[tuple[Sequence, int, list[int], bool]]) -> tuple[list[list[int] | None], list[int | None]]:
+        """A verify step and prefill chunks ``(seq, start, tokens, last)`` in one forward (only where the runner
+        says ``mixes_prefill``); returns verify's result and each chunk's first output token (None if not last)."""
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy a whole KV block (a prefix-cache hit)."""
@@ -138,8 +146,10 @@ class Batcher:
         self.counters["steps"] += 1
         self._apply_cancels(out)
         self._admit(out)
-        self._prefill(out)
-        self._decode(out)
+        prefilling = [s for s in self.running() if s.status is Status.PREFILL]
+        riders = self._riders(prefilling)
+        self._prefill([s for s in prefilling if all(s is not r for r in riders)], out)
+        self._decode(out, riders)
         if self.connector is not None:
             with self._lock:
                 head = self.waiting[0] if self.waiting else None
@@ -189,27 +199,42 @@ class Batcher:
             return alloc
         return self.kv.allocate(seq.id, seq.cacheable_prompt)
 
-    def _prefill(self, out: list[StepOutput]) -> None:
-        for seq in self.running():
-            if seq.status is not Status.PREFILL:
-                continue
+    def _riders(self, prefilling: list[Sequence]) -> list[Sequence]:
+        """The lanes whose next prefill chunk goes through this step's decode forward, where the runner mixes
+        them in (the weights are read once for both): local prefill only, and not a chunk that scores its prompt
+        (prompt logprobs need every token's logits)."""
+        if self.connector is not None or not getattr(self.runner, "mixes_prefill", False):
+            return []
+        return [s for s in prefilling if s.params.prompt_logprobs is None]
+
+    def _prefill(self, seqs: list[Sequence], out: list[StepOutput]) -> None:
+        """Each lane one prefill chunk further, on its own forward (or its connector's import)."""
+        for seq in seqs:
             try:
-                done, token = self._prefill_chunk(seq) if self.connector is None else self._import(seq)
+                if self.connector is None:
+                    start, chunk, last = self._next_chunk(seq)
+                    self._chunk_done(seq, len(chunk), last, self.runner.prefill(seq, start, chunk, last), out)
+                    continue
+                done, token = self._import(seq)
                 if done:
                     seq.status = Status.DECODE
                     self._append(seq, token, out)
             except Exception as exc:  # noqa: BLE001
                 self._fail(seq, exc, out)
 
-    def _prefill_chunk(self, seq: Sequence) -> tuple[bool, int | None]:
+    def _next_chunk(self, seq: Sequence) -> tuple[int, list[int], bool]:
+        """Where the lane's next prefill chunk starts, its tokens, and whether it ends the prompt."""
         start = seq.computed
         chunk = seq.prompt[start : start + self.prefill_chunk]
-        last = start + len(chunk) == len(seq.prompt)
-        token = self.runner.prefill(seq, start, chunk, last)
-        seq.computed += len(chunk)
+        return start, chunk, start + len(chunk) == len(seq.prompt)
+
+    def _chunk_done(self, seq: Sequence, n: int, last: bool, token: int | None, out: list[StepOutput]) -> None:
+        seq.computed += n
         self.counters["prefill_chunks"] += 1
-        self.counters["prefill_tokens_computed"] += len(chunk)
-        return last, token
+        self.counters["prefill_tokens_computed"] += n
+        if last:
+            seq.status = Status.DECODE
+            self._append(seq, token, out)
 
     def _import(self, seq: Sequence) -> tuple[bool, int | None]:
         """The connector's KV, once it has arrived, into the lane's block (the rest of the prompt at once)."""
@@ -228,21 +253,32 @@ class Batcher:
         seq.computed = len(seq.prompt)
         return True, token
 
-    def _decode(self, out: list[StepOutput]) -> None:
+    def _decode(self, out: list[StepOutput], riders: list[Sequence] | None = None) -> None:
+        """One decode step over the lanes that decode; with ``riders``, their prefill chunks go through the same
+        forward (:meth:`Runner.mixed`) and they decode from the next step on."""
         batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
         active = [s for s in batch if s is not None]
-        if not active:
+        if not active and not riders:
             return
-        self.counters["decode_steps"] += 1
         drafts = self._drafts(batch)
-        try:
-            if any(drafts):
-                news = self.runner.verify(batch, drafts)
-            else:
-                news = [None if t is None else [t] for t in self.runner.decode(batch)]
-        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone, without drafts
-            drafts = [[] for _ in batch]
-            news = [None if t is None else [t] for t in self._decode_lanes_alone(batch, out)]
+        if riders:
+            chunks = [(seq, *self._next_chunk(seq)) for seq in riders]
+            try:
+                news, firsts = self.runner.mixed(batch, drafts, chunks)
+            except Exception:  # noqa: BLE001 - find the request at fault: each chunk on its own, then the step
+                self._prefill(riders, out)
+                self._decode(out)
+                return
+            for (seq, _, tokens, last), token in zip(chunks, firsts, strict=True):
+                try:
+                    self._chunk_done(seq, len(tokens), last, token, out)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(seq, exc, out)
+            if not active:
+                return
+        else:
+            drafts, news = self._step_lanes(batch, drafts, out)
+        self.counters["decode_steps"] += 1
         for seq, draft, new in zip(batch, drafts, news, strict=True):
             if seq is None or new is None or seq.finished:
                 continue
@@ -259,6 +295,18 @@ class Batcher:
                     self._fail(seq, exc, out)
                 if seq.finished:  # a stop inside the accepted draft: the rest is dropped
                     break
+
+    def _step_lanes(self, batch: list[Sequence | None], drafts: list[list[int]], out: list[StepOutput]
+                    ) -> tuple[list[list[int]], list[list[int] | None]]:
+        """The decode forward alone: the drafts it checked and each lane's new tokens (None for an empty or
+        failed lane)."""
+        try:
+            if any(drafts):
+                return drafts, self.runner.verify(batch, drafts)
+            return drafts, [None if t is None else [t] for t in self.runner.decode(batch)]
+        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone, without drafts
+            news = [None if t is None else [t] for t in self._decode_lanes_alone(batch, out)]
+            return [[] for _ in batch], news
 
     def _drafts(self, batch: list[Sequence | None]) -> list[list[int]]:
         """Each lane's draft: plain greedy lanes only (a draft is checked against the argmax), never past the

@@ -27,6 +27,9 @@ class ModelRunner:
         # Draft tokens a decode step may verify per lane; 0 where the backend's decode graph takes one token per
         # lane (the NPU backends compile [lanes, 1]).
         self.speculative_tokens = settings.speculative_tokens if getattr(self.backend, "verifies_drafts", False) else 0
+        # Whether a decode step may carry prefill chunks in its forward (mixed); the NPU backends' graphs are
+        # compiled for one or the other.
+        self.mixes_prefill = bool(getattr(self.backend, "mixes_prefill", False))
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
@@ -83,10 +86,7 @@ class ModelRunner:
         last token and its draft at positions ``seq.computed..``; it gets back the draft tokens the model's own
         argmax agrees with, in order up to the first that differs, then the model's next token. Greedy gives what
         one-token steps would; a lane with no draft samples its one token as a decode step does."""
-        if len(batch) != self.lanes or len(drafts) != self.lanes:
-            raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)} and {len(drafts)} drafts")
-        if any(d and (s is None or not s.params.plain_greedy) for s, d in zip(batch, drafts, strict=True)):
-            raise ValueError("only plain greedy lanes take a draft (it is checked against the argmax)")
+        self._check_drafts(batch, drafts)
         t = 1 + max(len(d) for d in drafts)
         ids, positions, slots = [], [], []
         for seq, draft in zip(batch, drafts, strict=True):
@@ -106,6 +106,55 @@ class ModelRunner:
         logits = self.backend.verify(torch.tensor(ids), torch.tensor(positions), torch.tensor(slots),
                                      torch.tensor(blocks))  # [real tokens, vocab], lane by lane
         self.forward_seconds += time.perf_counter() - t0
+        return self._accept(batch, drafts, logits)
+
+    @torch.inference_mode()
+    def mixed(self, batch: list[Sequence | None], drafts: list[list[int]],
+              chunks: list[tuple[Sequence, int, list[int], bool]]) -> tuple[list[list[int] | None], list[int | None]]:
+        """A decode step (as :meth:`verify`: each lane's last token and draft) and prefill chunks (as
+        :meth:`prefill`: ``(seq, start, tokens, last)``, no prompt logprobs) in one forward, on a backend that
+        ``mixes_prefill``: the weights are read once for both, instead of once more for every prefill. Returns
+        verify's per-lane tokens and, per chunk, its prompt's first output token (None if not ``last``)."""
+        self._check_drafts(batch, drafts)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lanes: list[tuple[int, int]] = []
+        parts: list[tuple[int, int]] = []
+        for seq, draft in zip(batch, drafts, strict=True):
+            if seq is not None:
+                fed = [seq.last_token, *draft]
+                lanes.append((seq.block, len(fed)))
+                ids += fed
+                positions += range(seq.computed, seq.computed + len(fed))
+                slots += [seq.block] * len(fed)
+        for seq, start, tokens, _ in chunks:
+            if not 0 < len(tokens) <= self.chunk:
+                raise ValueError(f"a prefill chunk has 1..{self.chunk} tokens; got {len(tokens)}")
+            if seq.params.prompt_logprobs is not None:
+                raise ValueError("a chunk that scores its prompt (prompt logprobs) is prefilled on its own")
+            parts.append((seq.block, len(tokens)))
+            ids += tokens
+            positions += range(start, start + len(tokens))
+            slots += [seq.block] * len(tokens)
+        t0 = time.perf_counter()
+        logits = self.backend.mixed(torch.tensor(ids), torch.tensor(positions), torch.tensor(slots), lanes, parts)
+        self.forward_seconds += time.perf_counter() - t0
+        decoded = sum(count for _, count in lanes)
+        firsts = [sample(logits[decoded + i], seq) if last else None
+                  for i, (seq, _, _, last) in enumerate(chunks)]
+        return self._accept(batch, drafts, logits), firsts
+
+    def _check_drafts(self, batch: list[Sequence | None], drafts: list[list[int]]) -> None:
+        if len(batch) != self.lanes or len(drafts) != self.lanes:
+            raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)} and {len(drafts)} drafts")
+        if any(d and (s is None or not s.params.plain_greedy) for s, d in zip(batch, drafts, strict=True)):
+            raise ValueError("only plain greedy lanes take a draft (it is checked against the argmax)")
+
+    def _accept(self, batch: list[Sequence | None], drafts: list[list[int]], logits: torch.Tensor
+                ) -> list[list[int] | None]:
+        """Each lane's tokens from the flat ``logits`` of its fed tokens (lane by lane, in order): the draft
+        tokens the argmax agrees with, then the model's own next token."""
         greedy = torch.argmax(logits, dim=-1).tolist()
         out: list[list[int] | None] = []
         row = 0  # the lane's first real token in the flat logits

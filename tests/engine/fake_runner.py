@@ -103,3 +103,32 @@ class FakeRunner:
     def copy_block(self, src: int, dst: int) -> None:
         self.copies.append((src, dst))
         self.blocks[dst] = list(self.blocks[src])
+
+
+class MixingFakeRunner(FakeRunner):
+    """A runner that, as the cpu backend, takes prefill chunks into the decode step's forward (``mixed``)."""
+
+    mixes_prefill = True
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.mixed_calls: list[tuple[list[str | None], list[tuple[str, int, int]]]] = []  # (lanes, chunks)
+
+    def mixed(self, batch: list[Sequence | None], drafts: list[list[int]],
+              chunks: list[tuple[Sequence, int, list[int], bool]]) -> tuple[list[list[int] | None], list[int | None]]:
+        """As ModelRunner.mixed: one forward for the step and the chunks; a fault anywhere fails all of it."""
+        assert len(batch) == self.lanes and chunks
+        assert all(seq.params.prompt_logprobs is None for seq, _, _, _ in chunks), "a scoring chunk rode along"
+        assert all(seq is not s for seq, _, _, _ in chunks for s in batch), "a lane both decodes and prefills"
+        if any(self.fault(seq) for seq, _, _, _ in chunks) or any(s is not None and self.fault(s) for s in batch):
+            raise RuntimeError("injected fault in the mixed step")
+        self.mixed_calls.append(([s.id if s else None for s in batch], [(q.id, st, len(t)) for q, st, t, _ in chunks]))
+        firsts: list[int | None] = []
+        for seq, start, tokens, last in chunks:
+            for i, t in enumerate(tokens):
+                self.blocks[seq.block][start + i] = t
+            firsts.append(self.model(self._read(seq.block, start + len(tokens))) if last else None)
+        calls = len(self.verify_calls)
+        news = self.verify(batch, drafts)
+        del self.verify_calls[calls:]  # counted as a mixed call
+        return news, firsts

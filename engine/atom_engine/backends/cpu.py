@@ -66,6 +66,26 @@ class CpuBackend:
         return self.model(ids[real][None], positions[real][None], slots[real][None], blocks[active],
                           torch.arange(n)[None], self.k_cache, self.v_cache, rows, [counts[i] for i in active])[0]
 
+    mixes_prefill = True  # a decode step may carry prefill chunks in the same forward (see mixed)
+
+    def mixed(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lanes: list[tuple[int, int]],
+              chunks: list[tuple[int, int]]) -> torch.Tensor:
+        """A decode step and prefill chunks in one forward, so the weights are read once for both. ``ids``,
+        ``positions``, ``slots`` ``[N]``: each decode lane's tokens (its last token and draft; ``lanes``: its block
+        and token count) in turn, then each chunk's (``chunks``: its block and token count). Returns the logits
+        ``[K, vocab]`` of every decode token, then of each chunk's last token."""
+        rows, at = [], 0
+        for block, count in lanes:
+            at += count
+            rows.append((block, int(positions[at - 1]) + 1))
+        index = list(range(at))
+        for _, count in chunks:
+            at += count
+            index.append(at - 1)
+        blocks = torch.tensor([block for block, _ in lanes + chunks])
+        return self.model(ids[None], positions[None], slots[None], blocks, torch.tensor(index)[None], self.k_cache,
+                          self.v_cache, rows, [count for _, count in lanes], chunks)[0]
+
     def copy_block(self, src: int, dst: int) -> None:
         self.copy(torch.tensor([src]), torch.tensor([dst]), self.k_cache, self.v_cache)
 

@@ -4,7 +4,8 @@ The KV cache is two preallocated tensors (K and V), each ``[layers, kv_blocks, k
 owned by the runner and passed in, so one forward serves both graphs with static shapes:
 
 - decode: ``[lanes, 1]`` tokens, one block per lane (empty lanes point at the scratch block); a speculative step
-  on an eager backend feeds a few tokens per lane, flat (``counts``, ``Ragged``);
+  on an eager backend feeds a few tokens per lane, flat (``counts``, ``Ragged``), and may carry prefill chunks
+  after them (``chunks``, ``Mixed``);
 - prefill: ``[1, chunk]`` tokens of one sequence, padded to the chunk size (pad tokens write to the scratch block).
 
 Eager backends pass ``rows`` (each row's block and length) to attend over views of the cache instead of gathering
@@ -63,7 +64,10 @@ class RowViews:
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
                  mask: torch.Tensor | None) -> None:
-        # A decode row (T == 1) sees all of its positions: no mask.
+        # A decode row (T == 1) sees all of its positions: no mask. Additive, built once per step: SDPA would turn
+        # a bool mask into this in every layer.
+        if mask is not None:
+            mask = torch.zeros(mask.shape, dtype=k_cache.dtype).masked_fill_(~mask, float("-inf"))
         self.views = [
             (k_cache[:, blk, None, :, :n], v_cache[:, blk, None, :, :n],
              None if mask is None else mask[r : r + 1, :, :, :n])
@@ -176,6 +180,30 @@ class Ragged:
         return out[:, self.real_index][None]
 
 
+class Mixed:
+    """A decode step's flat tokens (``counts`` per row, as :class:`Ragged`) followed by whole prefill chunks
+    (``chunks``: each one's block and token count), in one forward: the linears read the weights once for both,
+    while attention stays apart: the decode rows through a Ragged, each chunk causally over its own block as a
+    prefill does (RowViews). The outputs go back in the same flat order."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
+                 positions: torch.Tensor, group: int, counts: list[int], chunks: list[tuple[int, int]]) -> None:
+        self.decoded = sum(counts)
+        self.decode = Ragged(k_cache, v_cache, rows, positions[:, : self.decoded], group, counts) if counts else None
+        self.chunks: list[tuple[int, int, RowViews]] = []
+        at = self.decoded
+        for block, n in chunks:
+            chunk_positions = positions[:, at : at + n]
+            end = int(chunk_positions[0, -1]) + 1
+            self.chunks.append((at, n, RowViews(k_cache, v_cache, [(block, end)], causal_mask(chunk_positions, end))))
+            at += n
+
+    def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:  # q: [1, H, N, D]
+        parts = [] if self.decode is None else [self.decode.attend(q[:, :, : self.decoded], layer)]
+        parts += [views.attend(q[:, :, at : at + n], layer) for at, n, views in self.chunks]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
 def padded_attention(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[tuple[int, int]],
                      positions: torch.Tensor, group: int) -> RowViews | BlockSpan:
     """Attention over ``rows`` (each row's block and length) for tokens at ``positions`` ``[B, T]``: one call when
@@ -214,7 +242,7 @@ class Attention(nn.Module):
         attn_blocks: torch.Tensor,  # [B]: the block each row attends over
         mask: torch.Tensor | None,  # [B, 1, T, S] bool: may attend
         layer: int,
-        eager: RowViews | BlockSpan | Ragged | None = None,  # eager only, see LlamaForCausalLM.forward
+        eager: RowViews | BlockSpan | Ragged | Mixed | None = None,  # eager only, see LlamaForCausalLM.forward
     ) -> torch.Tensor:
         b, t, _ = x.shape
         h, kvh = self.num_heads, self.num_kv_heads
@@ -323,9 +351,12 @@ class LlamaForCausalLM(nn.Module):
         v_cache: torch.Tensor,
         rows: list[tuple[int, int]] | None = None,
         counts: list[int] | None = None,
+        chunks: list[tuple[int, int]] | None = None,
     ) -> torch.Tensor:
         """``rows`` (eager backends): each row's block and length. ``counts`` (eager, a speculative step): the
-        tokens come flat, ``[1, N]``, ``counts[r]`` of them for row r in turn (see Ragged)."""
+        tokens come flat, ``[1, N]``, ``counts[r]`` of them for row r in turn (see Ragged). ``chunks`` (eager,
+        with ``counts``): prefill chunks whose tokens follow the rows' (each one's block and token count; see
+        Mixed)."""
         dtype = self.dtype
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(dtype).unsqueeze(2)  # [B, T, 1, head_dim]: broadcast over heads
@@ -334,10 +365,14 @@ class LlamaForCausalLM(nn.Module):
         # blocks); see RowViews, BlockSpan and Ragged.
         mask = causal_mask(positions, k_cache.shape[-2]) if rows is None else None
         group = self.cfg.num_heads // self.cfg.num_kv_heads
-        eager: RowViews | BlockSpan | Ragged | None = None
+        eager: RowViews | BlockSpan | Ragged | Mixed | None = None
         if rows is not None:
-            eager = (padded_attention(k_cache, v_cache, rows, positions, group) if counts is None
-                     else Ragged(k_cache, v_cache, rows, positions, group, counts))
+            if chunks:
+                eager = Mixed(k_cache, v_cache, rows, positions, group, counts or [], chunks)
+            elif counts is None:
+                eager = padded_attention(k_cache, v_cache, rows, positions, group)
+            else:
+                eager = Ragged(k_cache, v_cache, rows, positions, group, counts)
         for i, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, cos, sin, k_cache[i], v_cache[i], slot_blocks, positions, attn_blocks, mask,

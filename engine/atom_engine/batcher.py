@@ -8,9 +8,8 @@ a shipment that has arrived, and (4) runs one decode step over all lanes: one to
 of which it keeps what the model agrees with, so a lane may gain several tokens in one step. Where the runner
 ``mixes_prefill`` (the cpu backend), the prefill chunks of (3) ride in the forward of (4), as vLLM's chunked
 prefill does: the weights are read once a step, not once more for every chunk; a lane so prefilled decodes from
-the next step on. An exception while
-serving one request ends that request with an error; the batcher keeps serving the others and every KV block
-stays accounted for.
+the next step on. An exception while serving one request ends that request with an error; the batcher keeps
+serving the others and every KV block stays accounted for.
 
 The model is behind :class:`Runner`, so the batcher runs against a fake in tests and the torch runner in pods.
 """

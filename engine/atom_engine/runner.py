@@ -52,9 +52,8 @@ class ModelRunner:
         if every_token and not getattr(self.backend, "every_token_logits", False):
             name = type(self.backend).__name__
             raise RuntimeError(f"prompt logprobs need a backend that returns every token's logits; {name} does not")
+        self._check_chunk(tokens)
         n, c = len(tokens), self.chunk
-        if not 0 < n <= c:
-            raise ValueError(f"a prefill chunk has 1..{c} tokens; got {n}")
         ids = torch.zeros(1, c, dtype=torch.long)
         ids[0, :n] = torch.tensor(tokens)
         positions = torch.zeros(1, c, dtype=torch.long)
@@ -129,8 +128,7 @@ class ModelRunner:
                 positions += range(seq.computed, seq.computed + len(fed))
                 slots += [seq.block] * len(fed)
         for seq, start, tokens, _ in chunks:
-            if not 0 < len(tokens) <= self.chunk:
-                raise ValueError(f"a prefill chunk has 1..{self.chunk} tokens; got {len(tokens)}")
+            self._check_chunk(tokens)
             if seq.params.prompt_logprobs is not None:
                 raise ValueError("a chunk that scores its prompt (prompt logprobs) is prefilled on its own")
             parts.append((seq.block, len(tokens)))
@@ -144,6 +142,10 @@ class ModelRunner:
         firsts = [sample(logits[decoded + i], seq) if last else None
                   for i, (seq, _, _, last) in enumerate(chunks)]
         return self._accept(batch, drafts, logits), firsts
+
+    def _check_chunk(self, tokens: list[int]) -> None:
+        if not 0 < len(tokens) <= self.chunk:
+            raise ValueError(f"a prefill chunk has 1..{self.chunk} tokens; got {len(tokens)}")
 
     def _check_drafts(self, batch: list[Sequence | None], drafts: list[list[int]]) -> None:
         if len(batch) != self.lanes or len(drafts) != self.lanes:

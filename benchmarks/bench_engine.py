@@ -1,7 +1,8 @@
 """The engine against vLLM's CPU build and Hugging Face ``generate``, on a random-weight Llama and on SmolLM2-135M.
 
-Per model and dtype, on the same 32 requests (prompts 64-256 random tokens, outputs 16-128 tokens, greedy, every
-request to its max_tokens):
+Per model and dtype, each round on 32 requests of its own (prompts 64-256 random tokens, outputs 16-128 tokens,
+greedy, every request to its max_tokens; new prompts each round, so that no contender's prefix cache serves a round
+from an earlier one's):
 
 - the engine's OpenAI server (lanes=8, continuous batching; tcmalloc, which it preloads into itself where the
   system has it; prompt-lookup drafts for greedy requests, its default ``speculativeTokens``), the same with
@@ -10,8 +11,8 @@ request to its max_tokens):
   "tuned" (tcmalloc and Intel OpenMP preloaded, as vLLM's CPU docs advise), all loaded side by side and taking
   turns in rotating order with a short gap, so load drifts of this shared machine hit all alike: medians and every
   round are reported, with the load average of each round;
-- Hugging Face ``generate`` one request at a time and in left-padded static batches of 8 (once each: the
-  reference tokens);
+- Hugging Face ``generate`` one request at a time (once for each round's requests: the reference tokens) and in
+  left-padded static batches of 8 (round 1's requests, once);
 - the engine's 8-lane decode step in process, beside its memory-bandwidth floor: the bytes one step must read
   (every weight the step multiplies, and the lanes' KV) over this machine's read bandwidth, both measured once a
   round after the servers' turns (a single measurement at the start caught whatever load was there then).
@@ -21,7 +22,7 @@ shown with HF's own top-2 logit gap at the step where it parts (a near-tie, or n
 the same number of threads. Not a test: timings depend on the machine. vLLM's venv: ``hack/vllm-cpu-venv.sh``.
 
     PYTHONPATH=engine python benchmarks/bench_engine.py [--models bench,smollm2] [--dtypes float32,bfloat16]
-        [--threads N] [--rounds 5] [--vllm PYTHON | --no-vllm]
+        [--threads N] [--rounds 5] [--vllm PYTHON]
 """
 
 from __future__ import annotations
@@ -295,8 +296,8 @@ class DecodeStep:
 class Table:
     model: str
     dtype: str
-    tokens: int
-    hf_one: float | None  # None: HF one at a time not run (--no-hf); token-exactness is then agreement with the engine
+    tokens: list[int]  # generated, each round (each round has its own requests)
+    hf_one: list[float] | None  # each round's requests; None: not run (--no-hf): exactness is agreement with the engine
     hf_batches: float | None  # None: not run (--no-hf-batches)
     hf_batches_exact: int | None
     steps: list[Step] = field(default_factory=list)  # one a round
@@ -315,9 +316,17 @@ class Table:
     def reference(self) -> str:
         return "HF one at a time" if self.hf_one else "the engine (HF one at a time not run)"
 
+    def over(self, walls: list[float]) -> float:
+        """The engine's speed-up over a contender with these walls: the median of the rounds' ratios (every
+        contender runs the same requests in a round; rounds differ)."""
+        return statistics.median(w / e for w, e in zip(walls, self.walls["engine"], strict=True))
+
+    def rate(self, walls: list[float]) -> float:
+        """Generated tokens per second: the median of the rounds'."""
+        return statistics.median(t / w for t, w in zip(self.tokens, walls, strict=True))
+
     def markdown(self, n: int) -> list[str]:
         med = {k: statistics.median(v) for k, v in self.walls.items()}
-        eng = med["engine"]
         lines = [
             f"### {self.model}, {self.dtype}",
             "",
@@ -326,13 +335,18 @@ class Table:
             "|---|---:|---:|---|---:|",
         ]
         for name, wall in med.items():
-            lines.append(f"| {LABELS[name]} | {wall:.2f} | {self.tokens / wall:.1f} | {self.exact[name]}/{n} |"
-                         f" {wall / eng:.2f}x |")
+            lines.append(f"| {LABELS[name]} | {wall:.2f} | {self.rate(self.walls[name]):.1f} |"
+                         f" {self.exact[name]}/{n} | {self.over(self.walls[name]):.2f}x |")
         lines += [
-            *([f"| {LABELS['hf-one']} (once) | {self.hf_one:.2f} | {self.tokens / self.hf_one:.1f} | reference |"
-               f" {self.hf_one / eng:.2f}x |"] if self.hf_one else []),
-            *([f"| {LABELS['hf-batches']} (once) | {self.hf_batches:.2f} | {self.tokens / self.hf_batches:.1f} |"
-               f" {self.hf_batches_exact}/{n} | {self.hf_batches / eng:.2f}x |"] if self.hf_batches else []),
+            *([f"| {LABELS['hf-one']} (once a round's requests) | {statistics.median(self.hf_one):.2f} |"
+               f" {self.rate(self.hf_one):.1f} | reference | {self.over(self.hf_one):.2f}x |"] if self.hf_one else []),
+            *([f"| {LABELS['hf-batches']} (round 1's requests, once) | {self.hf_batches:.2f} |"
+               f" {self.tokens[0] / self.hf_batches:.1f} | {self.hf_batches_exact}/{n} |"
+               f" {self.hf_batches / self.walls['engine'][0]:.2f}x |"] if self.hf_batches else []),
+            "",
+            "Rounds have requests of their own (same sizes' distribution, seed = round), so no contender serves a"
+            " round from the cache of an earlier one; ratios are the median of the rounds' ratios; generated"
+            f" tokens each round: {', '.join(str(t) for t in self.tokens)}.",
             "",
             f"Decode step (8 lanes x 200 tokens, in process, measured once a round beside the servers' turns):"
             f" {self.step.ms:.1f} ms; memory-bandwidth floor {self.step.floor_ms:.1f} ms"
@@ -343,6 +357,7 @@ class Table:
             "Every round, wall s (rotating order); load average (1 min) at each round's start:"
             f" {', '.join(f'{x:.1f}' for x in self.loads)}",
             *(f"- {LABELS[k]}: {', '.join(f'{w:.2f}' for w in v)}" for k, v in self.walls.items()),
+            *([f"- {LABELS['hf-one']}: {', '.join(f'{w:.2f}' for w in self.hf_one)}"] if self.hf_one else []),
             "- decode step / floor ms (bandwidth GB/s): " + ", ".join(
                 f"{st.ms:.1f} / {st.floor_ms:.1f} ({st.bandwidth / 1e9:.1f})" for st in self.steps),
         ]
@@ -377,15 +392,28 @@ def checkpoint(name: str, tmp: Path) -> Path:
     return path
 
 
+def round_workloads(args: argparse.Namespace) -> list[list[tuple[list[int], int]]]:
+    """Each round's requests: the same sizes' distribution, prompts of their own (seed = the round). Repeating one
+    set of prompts would measure prefix caches instead: vLLM keeps every prompt of a round in its KV space (2 GB
+    here) and serves the next round's from it (measured: 10.6 s for round 1, 9.1 and 9.0 s for the same prompts
+    again, 10.8 s for new ones, float32), while the engine's 10 blocks keep only the last two."""
+    return [workload(args.requests, seed=r) for r in range(args.rounds)]
+
+
+WARM_SEED = 1000  # the warm-up's prompts: none of a measured round's
+
+
 def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table:
-    work = workload(args.requests)
+    works = round_workloads(args)
     path = checkpoint(name, tmp)
     stepper = DecodeStep(path, dtype, args.threads)
     # HF first, alone: the servers' start (vLLM compiles its graphs) would load the machine under it.
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     with torch.inference_mode():
-        ref, hf_one = hf_reference(hf, name, dtype, work, args)
-        bat, hf_bat = hf_static_batches(hf, work) if args.hf_batches and ref is not None else (None, None)
+        hf_runs = [hf_reference(hf, name, dtype, work, args) for work in works]
+        refs, hf_one = [ref for ref, _ in hf_runs], [seconds for _, seconds in hf_runs]
+        ref0 = refs[0]
+        bat, hf_bat = hf_static_batches(hf, works[0]) if args.hf_batches and ref0 is not None else (None, None)
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
     if args.engine_one_token:  # what prompt-lookup drafts buy: the same engine, one token per lane and step
         servers["engine-spec0"] = engine_server(path, dtype, args.threads, tmp, speculative_tokens=0)
@@ -398,16 +426,17 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     try:
         for s in servers.values():
             s.ready("/ready" if s.name.startswith("engine") else "/health")
-            s.run(work[:2])  # warm: connections, graphs
-        table = Table(name, dtype, sum(n for _, n in work), hf_one, hf_bat,
-                      None if bat is None else sum(a == b for a, b in zip(bat, ref, strict=True)))
+            s.run(workload(2, seed=WARM_SEED))  # warm: connections, graphs
+        table = Table(name, dtype, [sum(n for _, n in work) for work in works],
+                      None if None in hf_one else hf_one, hf_bat,
+                      None if bat is None else sum(a == b for a, b in zip(bat, ref0, strict=True)))
         order = list(servers)
         outs: dict[str, list[list]] = {}  # each contender's outputs, round by round
         for r in range(args.rounds):
             table.loads.append(os.getloadavg()[0])
             for k in order[r % len(order):] + order[: r % len(order)]:  # rotating order
                 time.sleep(args.gap)
-                out, wall = servers[k].run(work)
+                out, wall = servers[k].run(works[r])
                 print(f"bench: {name} {dtype} round {r + 1}: {k} {wall:.2f} s", flush=True)
                 table.walls.setdefault(k, []).append(wall)
                 outs.setdefault(k, []).append(out)
@@ -415,17 +444,16 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             table.steps.append(stepper.measure())
             print(f"bench: {name} {dtype} round {r + 1}: decode step {table.steps[-1].ms:.1f} ms, floor"
                   f" {table.steps[-1].floor_ms:.1f} ms", flush=True)
-        if ref is None:  # no HF reference: agreement with the engine; a parting still gets HF's gap there
-            ref = outs["engine"][0]
+        # No HF reference: agreement with the engine; a parting still gets HF's gap there.
+        refs = [outs["engine"][r] if ref is None else ref for r, ref in enumerate(refs)]
         for k, rounds in outs.items():
-            # Half-precision kernels may round a row differently with other rows beside it (vLLM's bfloat16 does):
-            # then the outputs change with each round's batching, and the worst round is the one counted.
-            counts = [sum(a == b for a, b in zip(out, ref, strict=True)) for out in rounds]
+            # Each round against its own reference; the worst round is the one counted.
+            counts = [sum(a == b for a, b in zip(out, ref, strict=True)) for out, ref in zip(rounds, refs, strict=True)]
             table.exact[k] = min(counts)
-            worst = rounds[counts.index(min(counts))]
-            table.notes[k] = divergences(hf, work, ref, worst) if table.exact[k] < len(work) else []
-            if any(out != rounds[0] for out in rounds[1:]):
-                table.notes[k].insert(0, f"outputs changed between rounds (batching); exact per round {counts}")
+            w = counts.index(min(counts))
+            table.notes[k] = divergences(hf, works[w], refs[w], rounds[w]) if table.exact[k] < args.requests else []
+            if table.notes[k]:
+                table.notes[k].insert(0, f"exact per round {counts}; the partings of round {w + 1}")
         table.walls = {k: table.walls[k] for k in servers}
         return table
     finally:
@@ -464,7 +492,8 @@ def main() -> None:
                     path = checkpoint(name, Path(tmp))
                     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
                     with torch.inference_mode():
-                        hf_reference(hf, name, dtype, workload(args.requests), args)
+                        for work in round_workloads(args):
+                            hf_reference(hf, name, dtype, work, args)
                     continue
                 tables.append(measure(name, dtype, args, Path(tmp)))
                 write(tables, args)  # after each table: a long run cut short keeps what it measured
@@ -485,12 +514,12 @@ def write(tables: list[Table], args: argparse.Namespace) -> None:
     ]
     for t in tables:
         med = {k: statistics.median(v) for k, v in t.walls.items()}
-        eng = med["engine"]
         vl, vt, off = med.get("vllm"), med.get("vllm-tuned"), med.get("engine-spec0")
-        lines.append(f"| {t.model} | {t.dtype} | {eng:.2f} | {'-' if off is None else f'{off:.2f}'} |"
-                     f" {'-' if vl is None else f'{vl:.2f}'} |"
-                     f" {'-' if vt is None else f'{vt:.2f}'} | {'-' if vt is None else f'{vt / eng:.2f}x'} |"
-                     f" {f'{t.hf_one / eng:.2f}x' if t.hf_one else '-'} | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
+        over_vt = None if vt is None else t.over(t.walls["vllm-tuned"])
+        lines.append(f"| {t.model} | {t.dtype} | {med['engine']:.2f} | {'-' if off is None else f'{off:.2f}'} |"
+                     f" {'-' if vl is None else f'{vl:.2f}'} | {'-' if vt is None else f'{vt:.2f}'} |"
+                     f" {'-' if over_vt is None else f'{over_vt:.2f}x'} |"
+                     f" {f'{t.over(t.hf_one):.2f}x' if t.hf_one else '-'} | {t.step.ms:.1f} / {t.step.floor_ms:.1f} |")
     lines += ["", *(f"- {n}: {d}" for n, d in MODELS.items()), ""]
     for t in tables:
         lines += t.markdown(args.requests)

@@ -412,8 +412,9 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     with torch.inference_mode():
         hf_runs = [hf_reference(hf, name, dtype, work, args) for work in works]
         refs, hf_one = [ref for ref, _ in hf_runs], [seconds for _, seconds in hf_runs]
-        ref0 = refs[0]
-        bat, hf_bat = hf_static_batches(hf, works[0]) if args.hf_batches and ref0 is not None else (None, None)
+        if None in hf_one:  # --no-hf, some round not cached: every round against the engine, as the table says
+            refs, hf_one = [None] * len(works), None
+        bat, hf_bat = hf_static_batches(hf, works[0]) if args.hf_batches and hf_one else (None, None)
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
     if args.engine_one_token:  # what prompt-lookup drafts buy: the same engine, one token per lane and step
         servers["engine-spec0"] = engine_server(path, dtype, args.threads, tmp, speculative_tokens=0)
@@ -428,8 +429,7 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             s.ready("/ready" if s.name.startswith("engine") else "/health")
             s.run(workload(2, seed=WARM_SEED))  # warm: connections, graphs
         table = Table(name, dtype, [sum(n for _, n in work) for work in works],
-                      None if None in hf_one else hf_one, hf_bat,
-                      None if bat is None else sum(a == b for a, b in zip(bat, ref0, strict=True)))
+                      hf_one, hf_bat, None if bat is None else sum(a == b for a, b in zip(bat, refs[0], strict=True)))
         order = list(servers)
         outs: dict[str, list[list]] = {}  # each contender's outputs, round by round
         for r in range(args.rounds):
@@ -444,8 +444,8 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             table.steps.append(stepper.measure())
             print(f"bench: {name} {dtype} round {r + 1}: decode step {table.steps[-1].ms:.1f} ms, floor"
                   f" {table.steps[-1].floor_ms:.1f} ms", flush=True)
-        # No HF reference: agreement with the engine; a parting still gets HF's gap there.
-        refs = [outs["engine"][r] if ref is None else ref for r, ref in enumerate(refs)]
+        if hf_one is None:  # no HF reference: agreement with the engine; a parting still gets HF's gap there
+            refs = outs["engine"]
         for k, rounds in outs.items():
             # Each round against its own reference; the worst round is the one counted.
             counts = [sum(a == b for a, b in zip(out, ref, strict=True)) for out, ref in zip(rounds, refs, strict=True)]

@@ -73,9 +73,11 @@ def _compile(settings) -> int:  # noqa: ANN001 - EngineSettings, imported lazily
         artifacts.verify_files(artifact)
         log.info("event=artifact_verified key=%s path=%s", artifact.key, artifact.path)
         return 0
+    from atom_engine import cpu_allowance
     from atom_engine.model.loader import load_model
     from atom_engine.runner import ModelRunner
 
+    cpu_allowance.apply(settings.cpu_threads)
     model, _ = load_model(settings.model_source, max_seq_len=settings.max_seq_len, dtype=settings.dtype,
                           seed=settings.seed)
     ModelRunner(model, settings)  # compiles and saves (event=artifact_compiled)
@@ -122,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse_artifact(exc)
     import asyncio
 
+    from atom_engine import cpu_allowance
     from atom_engine.malloc import active
     from atom_engine.server.app import serve
+
+    cpu_allowance.apply(settings.cpu_threads)  # before the model loads: its packing runs on these threads
 
     logging.getLogger("atom_engine").info("event=starting role=%s config=%s malloc=%s", args.role, args.config,
                                           active())

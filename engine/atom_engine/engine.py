@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
 from atom_engine import limits
 from atom_engine.batcher import Batcher
 from atom_engine.errors import RequestRejected
@@ -123,5 +125,6 @@ class LLMEngine:
             **self.kv.stats(),
             **self.batcher.stats(),
             "forward_seconds": self.runner.forward_seconds,
+            "cpu_threads": torch.get_num_threads(),
             **(self.connector.stats() if self.connector is not None else {}),
         }

@@ -25,6 +25,10 @@ MAX_SEQ_LEN_MAX = 32768
 # Draft tokens a decode step may verify per lane (speculation, atom_engine.speculation); a step feeds at most one
 # more token per lane than this.
 SPECULATIVE_TOKENS_MAX = 7
+# Intra-op threads an engine may be given explicitly (settings.cpuThreads; unset: from the container's allowance,
+# atom_engine.cpu_allowance).
+CPU_THREADS_MIN = 1
+CPU_THREADS_MAX = 256
 # CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
 CEL_INT_DIGITS = 5
 NPUS_PER_REPLICA_MAX = 64  # the most devices one engine drives (settings.numDevices, the spec's npusPerReplica)

@@ -52,6 +52,11 @@ class EngineSettings(BaseModel):
         None, description="rngd backend: the PEs (processing elements) fused into its one device. Unset: every PE"
         " of its numDevices RNGD cards (8 per card); a partition of one card has fewer (furiosa.ai/rngd-1core.6gb:"
         " 1, -2core.12gb: 2, -4core.24gb: 4). Compiled graphs are bound to it.")
+    cpu_threads: int | None = Field(
+        None, ge=limits.CPU_THREADS_MIN, le=limits.CPU_THREADS_MAX,
+        description="torch's intra-op threads. Unset: the CPUs the container may use (its cgroup's CFS quota, the"
+        " pod's CPU limit and request, the affinity mask), never the host's core count.",
+    )
     compile_cache_dir: str | None = Field(None, description="Directory (usually a mounted volume) where compiled"
                                           " graphs are saved with a manifest and loaded by later starts; unset:"
                                           " compile at every start.")

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import yaml
+from atom_engine.cpu_allowance import CPU_LIMIT_ENV, CPU_REQUEST_ENV
 from atom_engine.settings import EngineSettings
 from atom_operator.api import AtomDeploymentSpec
 from atom_operator.children import Defaults, Owner, build_children
@@ -368,3 +369,17 @@ def test_the_artifact_key_follows_the_settings_and_the_image() -> None:
     assert key(decode={"lanes": 2, "kvBlocks": 4}) != base
     assert key(image="example.invalid/other:1") != base
     assert key(decode={"tolerations": [{"key": "npu", "operator": "Exists"}]}) == base  # placement is not the artifact
+
+
+def test_engine_pods_get_their_cpu_limit_and_request_and_the_roles_cpu_threads() -> None:
+    kids = by_kind(owner(**{**PD, "decode": {**PD["decode"], "cpuThreads": 3}}))
+    for role in ("decode", "prefill"):
+        container = kids[("Deployment", f"llm-{role}")]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("valueFrom", {}).get("resourceFieldRef") for e in container["env"]}
+        # The engine sizes its threads from these (atom_engine.cpu_allowance), in millicores.
+        assert env[CPU_LIMIT_ENV] == {"containerName": container["name"], "resource": "limits.cpu", "divisor": "1m"}
+        assert env[CPU_REQUEST_ENV] == {"containerName": container["name"], "resource": "requests.cpu",
+                                        "divisor": "1m"}
+    decode = yaml.safe_load(kids[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
+    prefill = yaml.safe_load(kids[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
+    assert decode["cpuThreads"] == 3 and "cpuThreads" not in prefill  # unset: the engine reads the allowance

@@ -38,7 +38,8 @@ class PrefillWorker:
     def stats(self) -> dict[str, float]:
         kv = self.kv.stats()
         return {**{k: kv[k] for k in ("kv_blocks", "free_blocks", "cached_blocks", "lane_blocks")},
-                "prefill_tokens_computed": self.counters["prefill_tokens_computed"]}
+                "prefill_tokens_computed": self.counters["prefill_tokens_computed"],
+                "cpu_threads": torch.get_num_threads()}
 
     def warm(self) -> None:
         """Run the prefill graph once on the scratch block (touches no request's block)."""

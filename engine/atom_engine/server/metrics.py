@@ -42,6 +42,8 @@ ATOM = {
     "atom:kv_blocks_cached": ("gauge", "cached_blocks", "KV blocks held by prefix-cache entries."),
     "atom:kv_blocks_lanes": ("gauge", "lane_blocks", "KV blocks held by lanes."),
     "atom:kv_blocks_pinned": ("gauge", "pinned_blocks", "Prefix-cache entries pinned as copy sources."),
+    "atom:cpu_threads": ("gauge", "cpu_threads", "torch's intra-op threads (from cpuThreads or the container's CPU"
+                         " allowance; the start-up log says which)."),
     "atom:engine_idle": ("gauge", "idle", "1 when the batcher reports no work (no request, no held prefetch)."),
     "atom:pd_source_slots_held": ("gauge", "slots_held", "PD source slots reserved."),
     "atom:requests_finished": ("counter", "requests_finished", "Requests that ended with stop or length."),

@@ -92,6 +92,14 @@ class _Placement(Strict):
         None, max_length=32, description="Taints the pods tolerate, e.g. a dedicated NPU node pool's."
     )
     affinity: FreeForm | None = Field(None, description="A core/v1 Affinity for the pods.")
+    cpu_threads: int | None = Field(
+        None,
+        ge=limits.CPU_THREADS_MIN,
+        le=limits.CPU_THREADS_MAX,
+        description="The engine's intra-op CPU threads (torch). Unset: the CPUs the container may use (its CPU"
+        " limit, request and cgroup quota, which the operator passes to the engine), never the node's core count."
+        f" {limits.CPU_THREADS_MIN}..{limits.CPU_THREADS_MAX}.",
+    )
 
 
 class DecodeSpec(_Placement):
@@ -313,4 +321,5 @@ def engine_settings(
         num_devices=max(npus, 1),
         rngd_pes=rngd_pes,
         compile_cache_dir=COMPILE_CACHE_PATH if spec.model.compile_cache else None,
+        cpu_threads=(spec.decode if decode else spec.prefill).cpu_threads,
     )

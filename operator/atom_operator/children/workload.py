@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from atom_engine.cpu_allowance import CPU_LIMIT_ENV, CPU_REQUEST_ENV
 from atom_engine.settings import EngineSettings
 
 from atom_operator import sizing
@@ -111,7 +112,7 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
             # Compiling static graphs for an NPU takes minutes; the readiness probe gates traffic meanwhile.
             "initialDelaySeconds": 30,
         },
-        "env": [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}],
+        "env": [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR}, *_cpu_env()],
         "volumeMounts": mounts,
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -125,6 +126,16 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     if resources:
         container["resources"] = resources
     return container
+
+
+def _cpu_env() -> list[dict[str, Any]]:
+    """The container's CPU limit and request (millicores, the downward API), from which the engine sizes its
+    threads (atom_engine.cpu_allowance): the pod and its threads agree on the CPUs it has."""
+    return [
+        {"name": env, "valueFrom": {"resourceFieldRef": {"containerName": "engine", "resource": resource,
+                                                          "divisor": "1m"}}}
+        for env, resource in ((CPU_LIMIT_ENV, "limits.cpu"), (CPU_REQUEST_ENV, "requests.cpu"))
+    ]
 
 
 def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:

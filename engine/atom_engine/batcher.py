@@ -11,7 +11,16 @@ prefill does: the weights are read once a step, not once more for every chunk; a
 the next step on. An exception while serving one request ends that request with an error; the batcher keeps
 serving the others and every KV block stays accounted for.
 
-The model is behind :class:`Runner`, so the batcher runs against a fake in tests and the torch runner in pods.
+A step is three phases, as vLLM v1's scheduler and model runner split it: :meth:`Batcher.schedule` decides
+(a :class:`~atom_engine.step_plan.StepPlan`: admissions with their copy sources, prefill chunks, imports, riders,
+the decode batch with its drafts), :func:`~atom_engine.plan_executor.execute` runs the plan on the runner's
+forwards (a failed forward of several requests is rewritten into smaller ones there, and a request at fault gets
+its own failure), and :meth:`Batcher.apply` folds the result back in: tokens appended, stops decided by the
+:class:`~atom_engine.output_processor.OutputProcessor`, blocks released. A lane that finishes its prompt in a
+step decodes from the next step on.
+
+The model is behind :class:`~atom_engine.plan_executor.Runner`, so the batcher runs against a fake in tests and
+the torch runner in pods.
 """
 
 from __future__ import annotations
@@ -21,44 +30,17 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
-from atom_engine.detokenizer import IncrementalDetokenizer
 from atom_engine.errors import ContextTooLong, QueueFull, RequestRejected
-from atom_engine.kv_blocks import Allocation, KVBlocks
-from atom_engine.kv_connector import KVConnector, LoadedKV
+from atom_engine.kv_blocks import Allocation, KVBlocks, NoKVBlockAvailable
+from atom_engine.kv_connector import KVConnector
+from atom_engine.output_processor import OutputProcessor, Stop
+from atom_engine.plan_executor import Runner, execute
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
 from atom_engine.speculation import Drafter
+from atom_engine.step_plan import Admission, Chunk, DecodeBatch, Import, StepPlan, StepResult
 
 log = logging.getLogger(__name__)
-
-
-class Runner(Protocol):
-    """What the batcher needs from the model side. Implementations own all device tensors."""
-
-    def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
-        """Compute the KV of ``tokens`` at positions ``start..`` into ``seq.block``; if ``last``, sample and
-        return the first output token."""
-
-    def decode(self, batch: list[Sequence | None]) -> list[int | None]:
-        """One decode step over all lanes (``None``: an empty lane, padded with the scratch block). Each
-        sequence feeds its last token at position ``seq.computed``; returns the sampled token per lane."""
-
-    def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:
-        """A decode step in which each lane also feeds its draft (greedy lanes only; others have none); returns
-        per lane the draft tokens the model agrees with, then its own next token (see ModelRunner.verify)."""
-
-    def mixed(self, batch: list[Sequence | None], drafts: list[list[int]],
-              chunks: list[tuple[Sequence, int, list[int], bool]]) -> tuple[list[list[int] | None], list[int | None]]:
-        """A verify step and prefill chunks ``(seq, start, tokens, last)`` in one forward (only where the runner
-        says ``mixes_prefill``); returns verify's result and each chunk's first output token (None if not last)."""
-
-    def copy_block(self, src: int, dst: int) -> None:
-        """Copy a whole KV block (a prefix-cache hit)."""
-
-    def load_kv(self, seq: Sequence, loaded: LoadedKV) -> int:
-        """Import KV computed elsewhere into ``seq.block`` (positions ``loaded.start..``) and return the first
-        output token, sampled from the shipped logits (only with a KV connector)."""
 
 
 class Batcher:
@@ -75,9 +57,11 @@ class Batcher:
         detokenize: Callable[[list[int]], str] | None = None,
         connector: KVConnector | None = None,
         speculative_tokens: int = 0,
+        mixes_prefill: bool | None = None,
     ) -> None:
         """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
-        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none)."""
+        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none).
+        ``mixes_prefill``: the runner takes prefill chunks into the decode forward (None: as the runner says)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -85,13 +69,16 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         self.max_waiting = max_waiting
         self.eos_token_id = eos_token_id
-        self.detokenize = detokenize
+        self.outputs = OutputProcessor(detokenize, eos_token_id)
         self.connector = connector
         self.speculative_tokens = speculative_tokens
+        self.mixes_prefill = bool(getattr(runner, "mixes_prefill", False)) if mixes_prefill is None else mixes_prefill
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
         self._cancels: set[str] = set()
         self._ids = itertools.count()
+        self._ended: list[StepOutput] = []  # outputs decided while planning (cancels, refused admissions)
+        self.last_plan: StepPlan = StepPlan()
         self.counters = {
             "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
             "steps": 0, "decode_steps": 0, "prefill_chunks": 0, "requests_finished": 0, "requests_failed": 0,
@@ -110,13 +97,10 @@ class Batcher:
             )
         seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params,
                        eos_token_id=self.eos_token_id)
-        if self.detokenize is not None:
-            # A stream never sends the last characters a stop string may still cut.
-            hold = max((len(s) for s in params.stop), default=1) - 1
-            seq.detokenizer = IncrementalDetokenizer(self.detokenize, seq.output, hold=hold)
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
+            self.outputs.add(seq)
             self.waiting.append(seq)
         return seq
 
@@ -141,56 +125,111 @@ class Batcher:
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        out: list[StepOutput] = []
+        """Plan, run the plan, apply its result: one step, serially."""
+        plan = self.schedule()
+        return self.apply(plan, execute(self.runner, plan))
+
+    def schedule(self) -> StepPlan:
+        """Decide the step: cancels (ended now), admissions into free lanes, each prefilling lane's next chunk
+        (or its connector's import, once arrived), and the decode batch of the lanes that decode."""
         self.counters["steps"] += 1
-        self._apply_cancels(out)
-        self._admit(out)
+        self._apply_cancels()
+        admissions = self._admit()
         prefilling = [s for s in self.running() if s.status is Status.PREFILL]
         riders = self._riders(prefilling)
-        self._prefill([s for s in prefilling if all(s is not r for r in riders)], out)
-        self._decode(out, riders)
+        chunks: list[Chunk] = []
+        imports: list[Import] = []
+        for seq in prefilling:
+            if any(seq is r for r in riders):
+                continue
+            if self.connector is None:
+                chunks.append(self._next_chunk(seq))
+            elif (imp := self._poll(seq)) is not None:
+                imports.append(imp)
+        batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
+        decode = None
+        if any(s is not None for s in batch) or riders:
+            decode = DecodeBatch(tuple(batch), tuple(tuple(d) for d in self._drafts(batch)))
+        plan = StepPlan(tuple(admissions), tuple(chunks), tuple(imports),
+                        tuple(self._next_chunk(s) for s in riders), decode)
+        self.last_plan = plan
+        return plan
+
+    def apply(self, plan: StepPlan, result: StepResult) -> list[StepOutput]:
+        """Fold a run of ``plan`` back in: each item's tokens or failure; the outputs of the step."""
+        out, self._ended = self._ended, []
+        for a, failure in zip(plan.admissions, result.copies, strict=True):
+            if a.source is not None:
+                self.kv.unpin(a.source)
+            if failure is not None:
+                self._fail(a.seq, failure, out)
+        for c, token in zip(plan.chunks, result.chunks, strict=True):
+            self._chunk_done(c, token, out)
+        for imp, token in zip(plan.imports, result.imports, strict=True):
+            self._imported(imp, token, out)
+        for c, token in zip(plan.riders, result.riders, strict=True):
+            self._chunk_done(c, token, out)
+        if plan.decode is not None and plan.decode.active:
+            self._decoded(plan.decode, result, out)
         if self.connector is not None:
             with self._lock:
                 head = self.waiting[0] if self.waiting else None
             self.connector.after_step(self.lanes, head)
         return out
 
-    def _apply_cancels(self, out: list[StepOutput]) -> None:
+    # -- planning ----------------------------------------------------------------------------------
+    def _apply_cancels(self) -> None:
         with self._lock:
             cancels, self._cancels = self._cancels, set()
             kept = deque(s for s in self.waiting if s.id not in cancels)
             dropped = [s for s in self.waiting if s.id in cancels]
             self.waiting = kept
         for seq in dropped:
-            self._finish(seq, FinishReason.CANCELLED, out)
+            self._finish(seq, FinishReason.CANCELLED, self._ended)
         for seq in self.running():
             if seq.id in cancels:
-                self._finish(seq, FinishReason.CANCELLED, out)
+                self._finish(seq, FinishReason.CANCELLED, self._ended)
 
-    def _admit(self, out: list[StepOutput]) -> None:
+    def _admit(self) -> list[Admission]:
+        admissions: list[Admission] = []
         for lane, held in enumerate(self.lanes):
             if held is not None:
                 continue
             with self._lock:
                 if not self.waiting:
-                    return
+                    break
                 seq = self.waiting.popleft()
+            try:
+                alloc = self._allocate(seq)
+            except NoKVBlockAvailable as exc:
+                if any(a.source is not None for a in admissions):
+                    # This step's copy sources stay pinned until the plan has run (the block rule counts one
+                    # copy source): the request waits at the head of the queue for the next step.
+                    with self._lock:
+                        self.waiting.appendleft(seq)
+                    break
+                self._refuse(seq, lane, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
+                self._refuse(seq, lane, exc)
+                continue
             seq.lane = lane
             self.lanes[lane] = seq
             self.counters["prompt_tokens"] += len(seq.prompt)
-            try:
-                alloc = self._allocate(seq)
-                seq.block = alloc.block
-                if alloc.source is not None:
-                    try:
-                        self.runner.copy_block(alloc.source, alloc.block)
-                    finally:
-                        self.kv.unpin(alloc.source)
-                    seq.computed = seq.cached_tokens = alloc.cached_len
-                    self.counters["cached_prompt_tokens"] += alloc.cached_len
-                seq.status = Status.PREFILL
-            except Exception as exc:  # noqa: BLE001 - isolate: this request fails, the batcher goes on
-                self._fail(seq, exc, out)
+            seq.block = alloc.block
+            if alloc.source is not None:  # the copy runs with the plan; the source stays pinned until then
+                seq.computed = seq.cached_tokens = alloc.cached_len
+                self.counters["cached_prompt_tokens"] += alloc.cached_len
+            seq.status = Status.PREFILL
+            admissions.append(Admission(seq, alloc.block, alloc.source, alloc.cached_len if alloc.source else 0))
+        return admissions
+
+    def _refuse(self, seq: Sequence, lane: int, exc: Exception) -> None:
+        """A request whose admission failed: it held the lane for this step (as an admitted one), then fails."""
+        seq.lane = lane
+        self.lanes[lane] = seq
+        self.counters["prompt_tokens"] += len(seq.prompt)
+        self._fail(seq, exc, self._ended)
 
     def _allocate(self, seq: Sequence) -> Allocation:
         """The lane's block (and prefix-cache source): one the connector prepared (a prefetch), or a new one."""
@@ -202,110 +241,30 @@ class Batcher:
         """The lanes whose next prefill chunk goes through this step's decode forward, where the runner mixes
         them in (the weights are read once for both): local prefill only, and not a chunk that scores its prompt
         (prompt logprobs need every token's logits)."""
-        if self.connector is not None or not getattr(self.runner, "mixes_prefill", False):
+        if self.connector is not None or not self.mixes_prefill:
             return []
         return [s for s in prefilling if s.params.prompt_logprobs is None]
 
-    def _prefill(self, seqs: list[Sequence], out: list[StepOutput]) -> None:
-        """Each lane one prefill chunk further, on its own forward (or its connector's import)."""
-        for seq in seqs:
-            try:
-                if self.connector is None:
-                    start, chunk, last = self._next_chunk(seq)
-                    self._chunk_done(seq, len(chunk), last, self.runner.prefill(seq, start, chunk, last), out)
-                    continue
-                done, token = self._import(seq)
-                if done:
-                    seq.status = Status.DECODE
-                    self._append(seq, token, out)
-            except Exception as exc:  # noqa: BLE001
-                self._fail(seq, exc, out)
-
-    def _next_chunk(self, seq: Sequence) -> tuple[int, list[int], bool]:
-        """Where the lane's next prefill chunk starts, its tokens, and whether it ends the prompt."""
+    def _next_chunk(self, seq: Sequence) -> Chunk:
+        """The lane's next prefill chunk: where it starts, its tokens, and whether it ends the prompt."""
         start = seq.computed
-        chunk = seq.prompt[start : start + self.prefill_chunk]
-        return start, chunk, start + len(chunk) == len(seq.prompt)
+        tokens = seq.prompt[start : start + self.prefill_chunk]
+        return Chunk(seq, start, tokens, start + len(tokens) == len(seq.prompt))
 
-    def _chunk_done(self, seq: Sequence, n: int, last: bool, token: int | None, out: list[StepOutput]) -> None:
-        seq.computed += n
-        self.counters["prefill_chunks"] += 1
-        self.counters["prefill_tokens_computed"] += n
-        if last:
-            seq.status = Status.DECODE
-            self._append(seq, token, out)
-
-    def _import(self, seq: Sequence) -> tuple[bool, int | None]:
-        """The connector's KV, once it has arrived, into the lane's block (the rest of the prompt at once)."""
+    def _poll(self, seq: Sequence) -> Import | None:
+        """The connector's KV for the lane, once it has arrived (the rest of the prompt at once)."""
         assert self.connector is not None
-        loaded = self.connector.poll(seq)  # raises the transfer's error
-        if loaded is None:
-            return False, None
-        ok = False
         try:
+            loaded = self.connector.poll(seq)  # raises the transfer's error
+            if loaded is None:
+                return None
             if loaded.start != seq.computed:
+                self.connector.release(seq, False)
                 raise RuntimeError(f"shipment starts at {loaded.start}, the lane's block has {seq.computed} tokens")
-            token = self.runner.load_kv(seq, loaded)
-            ok = True
-        finally:
-            self.connector.release(seq, ok)  # the staging slot is free only now, after the import
-        seq.computed = len(seq.prompt)
-        return True, token
-
-    def _decode(self, out: list[StepOutput], riders: list[Sequence] | None = None) -> None:
-        """One decode step over the lanes that decode; with ``riders``, their prefill chunks go through the same
-        forward (:meth:`Runner.mixed`) and they decode from the next step on."""
-        batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
-        active = [s for s in batch if s is not None]
-        if not active and not riders:
-            return
-        drafts = self._drafts(batch)
-        if riders:
-            chunks = [(seq, *self._next_chunk(seq)) for seq in riders]
-            try:
-                news, firsts = self.runner.mixed(batch, drafts, chunks)
-            except Exception:  # noqa: BLE001 - find the request at fault: each chunk on its own, then the step
-                self._prefill(riders, out)
-                self._decode(out)
-                return
-            for (seq, _, tokens, last), token in zip(chunks, firsts, strict=True):
-                try:
-                    self._chunk_done(seq, len(tokens), last, token, out)
-                except Exception as exc:  # noqa: BLE001
-                    self._fail(seq, exc, out)
-            if not active:
-                return
-        else:
-            drafts, news = self._step_lanes(batch, drafts, out)
-        self.counters["decode_steps"] += 1
-        for seq, draft, new in zip(batch, drafts, news, strict=True):
-            if seq is None or new is None or seq.finished:
-                continue
-            self.counters["draft_tokens"] += len(draft)
-            self.counters["draft_tokens_accepted"] += len(new) - 1
-            if draft:
-                assert seq.drafter is not None  # it made the draft
-                seq.drafter.kept(len(draft), len(new) - 1)
-            for token in new:  # each token's KV (the one fed before it) is in the block now
-                seq.computed += 1
-                try:
-                    self._append(seq, token, out)
-                except Exception as exc:  # noqa: BLE001
-                    self._fail(seq, exc, out)
-                if seq.finished:  # a stop inside the accepted draft: the rest is dropped
-                    break
-
-    def _step_lanes(self, batch: list[Sequence | None], drafts: list[list[int]], out: list[StepOutput]
-                    ) -> tuple[list[list[int]], list[list[int] | None]]:
-        """The decode forward alone: the drafts it checked and each lane's new tokens (None for an empty or
-        failed lane)."""
-        try:
-            if any(drafts):
-                return drafts, self.runner.verify(batch, drafts)
-            return drafts, [None if t is None else [t] for t in self.runner.decode(batch)]
-        except Exception:  # noqa: BLE001 - find the request at fault: run each lane alone, without drafts
-            news = [None if t is None else [t] for t in self._decode_lanes_alone(batch, out)]
-            return [[] for _ in batch], news
+        except Exception as exc:  # noqa: BLE001
+            self._fail(seq, exc, self._ended)
+            return None
+        return Import(seq, loaded)
 
     def _drafts(self, batch: list[Sequence | None]) -> list[list[int]]:
         """Each lane's draft: plain greedy lanes only (a draft is checked against the argmax), never past the
@@ -323,56 +282,69 @@ class Batcher:
             drafts.append(seq.drafter.draft(seq.prompt, seq.output, k))
         return drafts
 
-    def _decode_lanes_alone(self, batch: list[Sequence | None], out: list[StepOutput]) -> list[int | None]:
-        # Rewriting a lane's KV at the same position with the same token is idempotent, so a retry is safe.
-        tokens: list[int | None] = [None] * len(batch)
-        for i, seq in enumerate(batch):
-            if seq is None:
+    # -- applying ----------------------------------------------------------------------------------
+    def _chunk_done(self, c: Chunk, token: int | None | Exception, out: list[StepOutput]) -> None:
+        seq = c.seq
+        if seq.finished:
+            return
+        if isinstance(token, Exception):
+            self._fail(seq, token, out)
+            return
+        seq.computed += len(c.tokens)
+        self.counters["prefill_chunks"] += 1
+        self.counters["prefill_tokens_computed"] += len(c.tokens)
+        if c.last:
+            seq.status = Status.DECODE
+            self._append(seq, token, out)
+
+    def _imported(self, imp: Import, token: int | Exception, out: list[StepOutput]) -> None:
+        seq = imp.seq
+        assert self.connector is not None
+        self.connector.release(seq, not isinstance(token, Exception))  # the staging slot is free only now
+        if seq.finished:
+            return
+        if isinstance(token, Exception):
+            self._fail(seq, token, out)
+            return
+        seq.computed = len(seq.prompt)
+        seq.status = Status.DECODE
+        self._append(seq, token, out)
+
+    def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[StepOutput]) -> None:
+        self.counters["decode_steps"] += 1
+        for seq, draft, new in zip(batch.lanes, result.drafts, result.decode, strict=True):
+            if seq is None or seq.finished:
                 continue
-            alone: list[Sequence | None] = [None] * len(batch)
-            alone[i] = seq
-            try:
-                tokens[i] = self.runner.decode(alone)[i]
-            except Exception as exc:  # noqa: BLE001
-                self._fail(seq, exc, out)
-        return tokens
+            if isinstance(new, Exception) or new is None:
+                self._fail(seq, new if isinstance(new, Exception) else RuntimeError("the runner returned no token"),
+                           out)
+                continue
+            self.counters["draft_tokens"] += len(draft)
+            self.counters["draft_tokens_accepted"] += len(new) - 1
+            if draft:
+                assert seq.drafter is not None  # it made the draft
+                seq.drafter.kept(len(draft), len(new) - 1)
+            for token in new:  # each token's KV (the one fed before it) is in the block now
+                seq.computed += 1
+                self._append(seq, token, out)
+                if seq.finished:  # a stop inside the accepted draft: the rest is dropped
+                    break
 
     # -- outcomes --------------------------------------------------------------------------------
     def _append(self, seq: Sequence, token: int | None, out: list[StepOutput]) -> None:
-        if token is None:
-            raise RuntimeError("the runner returned no token")
-        seq.output.append(token)
-        if seq.detokenizer is not None:
-            seq.detokenizer.update()
-        self.counters["generation_tokens"] += 1
-        reason = self._stop_reason(seq, token)
-        if reason is None:
-            text = seq.detokenizer.stream_delta() if seq.detokenizer is not None else ""
-            out.append(StepOutput(seq.id, (token,), False, text=text))
+        try:
+            if token is None:
+                raise RuntimeError("the runner returned no token")
+            seq.output.append(token)
+            self.counters["generation_tokens"] += 1
+            stop = self.outputs.stop(seq, token)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(seq, exc, out)
+            return
+        if stop is None:
+            out.append(self.outputs.emit(seq, (token,)))
         else:
-            self._finish(seq, reason, out, new=(token,))
-
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        p = seq.params
-        n = len(seq.output)
-        eos = not p.ignore_eos and token == self.eos_token_id
-        if n >= p.min_tokens and (eos or token in p.stop_token_ids):  # vLLM: no stop before min_tokens
-            # vLLM's rule: the stop token stays in token_ids but its text is not in the output.
-            seq.stop_reason = None if eos else token
-            if (det := seq.detokenizer) is not None:
-                seq.stop_text = det.text if p.include_stop_str_in_output else det.text_before_last
-            return FinishReason.STOP
-        if n > p.min_tokens and p.stop and seq.detokenizer is not None:  # vLLM: stop strings past min_tokens
-            hit = seq.detokenizer.find(p.stop)
-            if hit is not None:
-                at, stop = hit
-                seq.stop_reason = stop
-                text = seq.detokenizer.text
-                seq.stop_text = text[: at + len(stop)] if p.include_stop_str_in_output else text[:at]
-                return FinishReason.STOP
-        if len(seq.output) >= p.max_tokens:
-            return FinishReason.LENGTH
-        return None
+            self._finish(seq, stop.reason, out, new=(token,), stop=stop)
 
     def _fail(self, seq: Sequence, exc: Exception, out: list[StepOutput]) -> None:
         seq.failure = exc
@@ -380,8 +352,8 @@ class Batcher:
         log.warning("event=request_failed request_id=%s error=%r", seq.id, seq.error)
         self._finish(seq, FinishReason.ERROR, out)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, out: list[StepOutput], new: tuple[int, ...] = ()
-                ) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, out: list[StepOutput], new: tuple[int, ...] = (),
+                stop: Stop | None = None) -> None:
         if self.connector is not None:
             self.connector.request_finished(seq, reason)
         if seq.block is not None:
@@ -393,10 +365,10 @@ class Batcher:
             self.lanes[seq.lane] = None
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+        if stop is not None and reason is FinishReason.STOP:
+            seq.stop_reason, seq.stop_text = stop.stop_reason, stop.text
+        seq.text = stop.text if stop is not None and stop.text is not None else self.outputs.text(seq)
         key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
             reason, "requests_finished")
         self.counters[key] += 1
-        text = ""
-        if seq.detokenizer is not None:
-            text = seq.detokenizer.stream_delta(seq.stop_text if seq.stop_text is not None else seq.detokenizer.text)
-        out.append(StepOutput(seq.id, new, True, reason, seq.error, text, seq.failure))
+        out.append(self.outputs.emit(seq, new))

@@ -101,11 +101,19 @@ class LLMEngine:
         with self._step_lock:
             return self.batcher.step()
 
+    @property
+    def speculative_tokens(self) -> int:
+        """The longest draft a decode step verifies per lane (0 where the backend decodes without drafts)."""
+        return self.batcher.speculative_tokens
+
+    @property
+    def stalled(self) -> bool:
+        """The last step had nothing to compute: every lane waits (for a shipment, a staging slot)."""
+        return not self.batcher.last_plan.runs_forward
+
     def output(self, seq: Sequence) -> RequestOutput:
-        text = None
-        if seq.detokenizer is not None:
-            text = seq.stop_text if seq.stop_text is not None else seq.detokenizer.text
-        return RequestOutput(seq.id, seq.prompt, list(seq.output), text, seq.finish_reason, seq.error,
+        """A finished request's result (for in-process callers: tests, benchmarks, :meth:`generate`)."""
+        return RequestOutput(seq.id, seq.prompt, list(seq.output), seq.text, seq.finish_reason, seq.error,
                              seq.cached_tokens)
 
     def generate(self, prompts: Iterable[str | list[int]],

@@ -6,7 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from atom_engine.detokenizer import IncrementalDetokenizer
 from atom_engine.speculation import Drafter
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (and OpenAI's bound on top_logprobs)
@@ -126,7 +125,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked
     cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
-    detokenizer: IncrementalDetokenizer | None = None  # the output's text, kept by the batcher (with a tokenizer)
+    text: str | None = None  # the final output text, set when the request ends (with a tokenizer)
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
 
     @property
@@ -152,12 +151,18 @@ class Sequence:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step did for one request: the tokens it produced, and the outcome if it ended."""
+    """What one step did for one request: the tokens it produced, and the outcome if it ended. Immutable: what
+    the server reads of a request is this, never its :class:`Sequence`."""
 
     request_id: str
     new_tokens: tuple[int, ...]
     finished: bool
     finish_reason: FinishReason | None = None
     error: str | None = None
-    text: str = ""  # the output text this step adds to a stream (see atom_engine.detokenizer)
+    text: str = ""  # the output text this step adds to a stream (see atom_engine.output_processor)
     failure: Exception | None = None  # the exception behind FinishReason.ERROR (typed, for the server's status)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # once, with the first tokens (when asked)
+    cached_tokens: int = 0  # prompt tokens copied from the prefix cache
+    stop_reason: int | str | None = None  # at the end: vLLM's stop_reason (the stop token or string)
+    final_text: str | None = None  # at the end: the whole output text (with a tokenizer)

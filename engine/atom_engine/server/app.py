@@ -169,7 +169,7 @@ class OpenAIServer(EngineServer):
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
         await loop.run_in_executor(self.compute, engine.warm)
         # Drafts are verified only where the backend can (cpu): say what this engine actually does.
-        log.info("event=engine_loaded speculative_tokens=%d", engine.batcher.speculative_tokens)
+        log.info("event=engine_loaded speculative_tokens=%d", engine.speculative_tokens)
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
         if connector is not None:

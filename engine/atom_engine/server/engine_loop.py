@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator
 
 from atom_engine.engine import LLMEngine
-from atom_engine.sequence import SamplingParams, Sequence, StepOutput
+from atom_engine.sequence import SamplingParams, StepOutput
 
 log = logging.getLogger("atom_engine.server")
 IDLE_WAIT = 0.5  # a bound, not a poll interval: new work sets the wakeup event
@@ -61,12 +61,10 @@ class AsyncEngine:
                     self.wakeup.wait(IDLE_WAIT)
                     self.wakeup.clear()
                     continue
-                c = engine.batcher.counters
-                before = c["decode_steps"] + c["prefill_chunks"]
                 outs = engine.step()
                 if outs:
                     self.loop.call_soon_threadsafe(self._deliver, outs)
-                elif c["decode_steps"] + c["prefill_chunks"] == before:
+                elif engine.stalled:
                     self.wakeup.wait(STALL_WAIT)  # waiting for shipments, slots or a producer to finish
                     self.wakeup.clear()
         except BaseException as exc:  # noqa: BLE001 - report any death of the loop, then end every stream
@@ -85,19 +83,19 @@ class AsyncEngine:
             queue.put_nowait(exc)
 
     async def submit(self, prompt: list[int], params: SamplingParams, request_id: str
-                     ) -> tuple[Sequence, AsyncIterator[StepOutput]]:
+                     ) -> AsyncIterator[StepOutput]:
         """Queue a request (RequestRejected: 400, QueueFull: 429, EngineDead: 503) and stream its outputs."""
         if not self.alive:
             raise EngineDead(f"the engine loop stopped: {self.error}")
         queue: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
         try:
-            seq = self.engine.add_request(prompt, params, request_id)
+            self.engine.add_request(prompt, params, request_id)
         except BaseException:
             del self.streams[request_id]
             raise
         self.wakeup.set()
-        return seq, self._stream(request_id, queue)
+        return self._stream(request_id, queue)
 
     def abandon(self, request_id: str) -> None:
         """Cancel a request whose stream was never read (its request was refused part way through queueing)."""

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from atom_engine.engine import LLMEngine
 from atom_engine.errors import ContextTooLong, KVUnavailable, QueueFull, RequestRejected
-from atom_engine.sequence import FinishReason, SamplingParams, Sequence, StepOutput, TokenLogprob
+from atom_engine.sequence import FinishReason, SamplingParams, StepOutput, TokenLogprob
 from atom_engine.server.chat import ChatTemplate
 from atom_engine.server.engine_loop import AsyncEngine, EngineDead
 from atom_engine.server.errors import ApiError, error_body
@@ -46,15 +46,30 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
 @dataclass
 class _Choice:
-    """One sequence of a request (one prompt, one of its ``n``) and what has been sent of it."""
+    """One sequence of a request (one prompt, one of its ``n``) and what the engine has delivered of it: the
+    server knows a request only by its outputs (:class:`StepOutput`), never by the engine's ``Sequence``."""
 
     index: int
-    seq: Sequence
+    request_id: str
+    prompt: list[int]
     stream: AsyncIterator[StepOutput]
     prompt_text: str  # for echo
-    tokens: list[int] = field(default_factory=list)  # as delivered: seq.output is the engine thread's to change
+    tokens: list[int] = field(default_factory=list)  # as delivered
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # as delivered, one per token (when asked)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    cached_tokens: int = 0
     text_offset: int = 0  # of the next logprob token (completions, streamed)
     finish: StepOutput | None = None
+
+    def take(self, out: StepOutput) -> None:
+        """Record what an output delivers."""
+        self.tokens.extend(out.new_tokens)
+        self.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = list(out.prompt_logprobs)
+        self.cached_tokens = out.cached_tokens
+        if out.finished:
+            self.finish = out
 
 
 @dataclass
@@ -217,11 +232,11 @@ class OpenAIRoutes:
                         index = p * n + j
                         # vLLM seeds choice j of a seeded request with seed + j: reproducible and distinct.
                         sp = params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
-                        seq, stream = await self.aengine.submit(ids, sp, rid if len(prompts) * n == 1
-                                                                else f"{rid}-{index}")
+                        request_id = rid if len(prompts) * n == 1 else f"{rid}-{index}"
+                        stream = await self.aengine.submit(ids, sp, request_id)
                         stream = await streams.enter_async_context(aclosing(self._timed(stream, arrived)))
                         prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
-                        choices.append(_Choice(index, seq, stream, prompt_text))
+                        choices.append(_Choice(index, request_id, ids, stream, prompt_text))
             except ContextTooLong as exc:
                 raise ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded") from None
             except RequestRejected as exc:
@@ -233,7 +248,7 @@ class OpenAIRoutes:
             finally:
                 if len(choices) < len(prompts) * n:  # refused part way: the choices queued go
                     for c in choices:
-                        self.aengine.abandon(c.seq.id)
+                        self.aengine.abandon(c.request_id)
             log.info("event=request_queued request_id=%s kind=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
                      " stream=%s", rid, kind, len(prompts), n, sum(len(ids) for _, ids in prompts),
                      params.max_tokens, req.stream)
@@ -274,7 +289,7 @@ class OpenAIRoutes:
     async def _whole(self, call: _Call) -> web.Response:
         async def drain(c: _Choice) -> None:
             async for out in c.stream:
-                c.finish = out
+                c.take(out)
 
         try:
             await asyncio.gather(*(drain(c) for c in call.choices))
@@ -287,44 +302,45 @@ class OpenAIRoutes:
         body = {**self._head(call), "choices": [self._final_choice(call, c) for c in call.choices],
                 "usage": self._usage(call)}
         if call.req.return_token_ids and len(call.choices) == 1:
-            body["prompt_token_ids"] = call.choices[0].seq.prompt
+            body["prompt_token_ids"] = call.choices[0].prompt
         log.info("event=request_done request_id=%s finish_reasons=%s tokens=%d", call.rid,
-                 ",".join(str(c.seq.finish_reason) for c in call.choices), sum(len(c.seq.output) for c in call.choices))
+                 ",".join(str(c.finish.finish_reason) for c in call.choices if c.finish is not None),
+                 sum(len(c.tokens) for c in call.choices))
         return web.json_response(body)
 
     def _final_choice(self, call: _Call, c: _Choice) -> dict[str, Any]:
-        seq, req = c.seq, call.req
-        result = self.engine.output(seq)
-        choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": seq.finish_reason,
-                                  "stop_reason": seq.stop_reason}
+        req, end = call.req, c.finish
+        assert end is not None
+        choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": end.finish_reason,
+                                  "stop_reason": end.stop_reason}
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if isinstance(req, ChatCompletionRequest):
-            choice["message"] = {"role": "assistant", "content": result.text or ""}
+            choice["message"] = {"role": "assistant", "content": end.final_text or ""}
             if req.logprobs:
-                choice["logprobs"] = chat_logprobs(seq.logprobs, text_of)
+                choice["logprobs"] = chat_logprobs(c.logprobs, text_of)
         else:
             assert isinstance(req, CompletionRequest)
-            text, tokens, entries = result.text or "", list(seq.output), list[TokenLogprob | None](seq.logprobs)
+            text, tokens, entries = end.final_text or "", list(c.tokens), list[TokenLogprob | None](c.logprobs)
             if req.echo:
-                prompt_entries = seq.prompt_logprobs or [None] * len(seq.prompt)
+                prompt_entries = c.prompt_logprobs or [None] * len(c.prompt)
                 if req.echo_only:
-                    text, tokens, entries = c.prompt_text, list(seq.prompt), list(prompt_entries)
+                    text, tokens, entries = c.prompt_text, list(c.prompt), list(prompt_entries)
                 else:
-                    text, tokens, entries = c.prompt_text + text, seq.prompt + tokens, prompt_entries + entries
+                    text, tokens, entries = c.prompt_text + text, c.prompt + tokens, prompt_entries + entries
             choice["text"] = text
             if req.logprobs is not None:
                 choice["logprobs"], _ = completion_logprobs(tokens, entries, req.logprobs, text_of)
             if req.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = prompt_logprobs_vllm(seq.prompt_logprobs or [], text_of)
+                choice["prompt_logprobs"] = prompt_logprobs_vllm(c.prompt_logprobs or [], text_of)
         if req.return_token_ids:
-            choice["token_ids"] = result.token_ids
+            choice["token_ids"] = list(c.tokens)
             if len(call.choices) > 1:
-                choice["prompt_token_ids"] = seq.prompt
+                choice["prompt_token_ids"] = c.prompt
         return choice
 
     def _usage(self, call: _Call) -> dict[str, Any]:
-        completion = sum(len(c.seq.output) for c in call.choices)
-        cached = sum(c.seq.cached_tokens for c in call.choices[:: call.req.n])
+        completion = sum(len(c.tokens) for c in call.choices)
+        cached = sum(c.cached_tokens for c in call.choices[:: call.req.n])
         return {"prompt_tokens": call.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": call.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -355,7 +371,7 @@ class OpenAIRoutes:
                         await send(error_body(error.status, error.message, code=error.code))
                         break
                     first = not c.tokens
-                    c.tokens.extend(out.new_tokens)
+                    c.take(out)
                     text = out.text  # the engine's detokenizer: held back where a stop string may still cut
                     if out.new_tokens or text or out.finished:
                         chunk = self._chunk(call, c, text, out.finish_reason if out.finished else None, out,
@@ -365,7 +381,7 @@ class OpenAIRoutes:
                         await send(chunk)
                     if out.finished:
                         log.info("event=choice_done request_id=%s index=%d finish_reason=%s tokens=%d", call.rid,
-                                 c.index, out.finish_reason, len(c.seq.output))
+                                 c.index, out.finish_reason, len(c.tokens))
                 else:
                     if opts is not None and opts.include_usage:
                         await send({**self._head(call, chunk=True), "choices": [], "usage": self._usage(call)})
@@ -393,11 +409,9 @@ class OpenAIRoutes:
         req = call.req
         choice: dict[str, Any] = {"index": c.index, "logprobs": None, "finish_reason": finish}
         if finish is not None:
-            choice["stop_reason"] = c.seq.stop_reason
+            choice["stop_reason"] = out.stop_reason if out is not None else None
         new = list(out.new_tokens) if out is not None else []
-        # This chunk's logprobs: one entry per new token (delivered after the sampler wrote it).
-        done = len(c.tokens) - len(new)
-        entries = list[TokenLogprob | None](c.seq.logprobs[done : done + len(new)])
+        entries = list[TokenLogprob | None](out.logprobs if out is not None else ())  # one per new token
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if call.kind == "chat":
             choice["delta"] = content if isinstance(content, dict) else ({"content": content} if content else {})
@@ -406,11 +420,11 @@ class OpenAIRoutes:
         else:
             assert isinstance(req, CompletionRequest) and isinstance(content, str)
             if req.echo and first:  # the prompt goes first, as vLLM streams an echo
-                prompt_entries = c.seq.prompt_logprobs or [None] * len(c.seq.prompt)
+                prompt_entries = c.prompt_logprobs or [None] * len(c.prompt)
                 if req.echo_only:
-                    content, new, entries = c.prompt_text, list(c.seq.prompt), list(prompt_entries)
+                    content, new, entries = c.prompt_text, list(c.prompt), list(prompt_entries)
                 else:
-                    content, new, entries = c.prompt_text + content, c.seq.prompt + new, prompt_entries + entries
+                    content, new, entries = c.prompt_text + content, c.prompt + new, prompt_entries + entries
             elif req.echo_only:
                 content, new, entries = "", [], []
             choice["text"] = content
@@ -423,7 +437,7 @@ class OpenAIRoutes:
 
     @staticmethod
     def _choice_usage(c: _Choice) -> dict[str, int]:
-        prompt, done = len(c.seq.prompt), len(c.tokens)
+        prompt, done = len(c.prompt), len(c.tokens)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 

@@ -299,7 +299,9 @@ class OpenAIRoutes:
                                   "stop_reason": seq.stop_reason}
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if isinstance(req, ChatCompletionRequest):
-            choice["message"] = {"role": "assistant", "content": result.text or ""}
+            # refusal and annotations: required by OpenAI's schema (this engine never refuses, cites nothing)
+            choice["message"] = {"role": "assistant", "content": result.text or "", "refusal": None,
+                                 "annotations": []}
             if req.logprobs:
                 choice["logprobs"] = chat_logprobs(seq.logprobs, text_of)
         else:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from atom_engine.sequence import MAX_LOGPROBS, SamplingParams
 from atom_engine.server.errors import ApiError
 from atom_engine.server.fields import check_extra
+from atom_engine.server.structured import spec_of
+from atom_engine.structured.spec import GrammarSpec
 
 INT64 = 2**63
 MAX_N = 128  # choices per request (each prompt); the waiting queue (maxWaiting) bounds them further
@@ -42,7 +44,13 @@ class _Common(BaseModel):
     ignore_eos: StrictBool = False  # vLLM's extension
     include_stop_str_in_output: StrictBool = False  # vLLM's extension
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: no structured output here
+    # Structured outputs (atom_engine.server.structured): OpenAI's, and vLLM's extensions
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     min_tokens: StrictInt = Field(0, ge=0)  # vLLM's extension
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM's extension
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -67,9 +75,7 @@ class _Common(BaseModel):
         if bad:
             raise ApiError(400, f"stop_token_ids: token ids must be >= 0; got {bad[:5]}", param="stop_token_ids",
                            code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ApiError(400, f"response_format: only {{'type': 'text'}} is supported by this engine; got"
-                           f" {self.response_format!r}", param="response_format", code="invalid_value")
+        self.grammar()  # a 400 for a malformed grammar field (its source is checked when compiled)
         for key, bias in (self.logit_bias or {}).items():
             if not key.isdigit() or not -100 <= bias <= 100:
                 raise ApiError(400, f"logit_bias: keys must be token ids and values in [-100, 100]; got {key!r}:"
@@ -84,6 +90,12 @@ class _Common(BaseModel):
 
     def max_tokens_or(self, default: int) -> int:
         return self.max_tokens if self.max_tokens is not None else default
+
+    def grammar(self) -> tuple[str, GrammarSpec] | None:
+        """The structured output asked for, and the field that asked."""
+        return spec_of({name: getattr(self, name) for name in (
+            "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+            "guided_grammar", "ignore_eos", "min_tokens")})
 
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

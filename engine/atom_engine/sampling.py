@@ -34,6 +34,8 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
             gen.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
             seq.sampler_state = gen
         token = int(torch.multinomial(probabilities(shaped, p), 1, generator=seq.sampler_state))
+    if p.grammar is not None:
+        seq.constraint.accept(token)
     if p.logprobs is not None:
         # One entry per output position: a decode retried after a failed batch overwrites its own entry.
         del seq.logprobs[len(seq.output):]
@@ -42,8 +44,8 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
 
 
 def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    """vLLM's order: logit_bias, min_tokens hides the stop tokens, then the penalties (a new tensor; ``logits``
-    is kept)."""
+    """vLLM's order: logit_bias, min_tokens hides the stop tokens, then the penalties, and a request's grammar
+    masks what it forbids (a new tensor; ``logits`` is kept)."""
     p = seq.params
     x = logits.to(torch.float32).clone()
     vocab = x.numel()
@@ -63,6 +65,10 @@ def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     if (p.presence_penalty or p.frequency_penalty) and seq.output:
         counts = torch.bincount(torch.tensor(seq.output, dtype=torch.long), minlength=vocab)[:vocab].to(x.dtype)
         x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+    if p.grammar is not None:  # structured outputs: what the grammar forbids after the output so far
+        if seq.constraint is None:
+            seq.constraint = p.grammar.constraint()
+        seq.constraint.mask(x, len(seq.output))
     return x
 
 

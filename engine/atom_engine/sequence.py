@@ -32,6 +32,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # per output token: its logprob, rank and the top-N (0: only the token's own)
     prompt_logprobs: int | None = None  # the same per prompt token (the first has none)
+    # A compiled grammar (atom_engine.structured.compiler.Grammar): the sampler masks every token it forbids.
+    grammar: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -66,9 +68,9 @@ class SamplingParams:
 
     @property
     def shapes_logits(self) -> bool:
-        """The logits are changed before sampling (bias, penalties, min_tokens): greedy is not a plain argmax."""
+        """The logits are changed before sampling (bias, penalties, min_tokens, a grammar): not a plain argmax."""
         return (self.min_tokens > 0 or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0 or bool(self.logit_bias))
+                or self.frequency_penalty != 0.0 or bool(self.logit_bias) or self.grammar is not None)
 
     @property
     def plain_greedy(self) -> bool:
@@ -127,6 +129,7 @@ class Sequence:
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
     text: str | None = None  # the final output text, set when the request ends (with a tokenizer)
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
+    constraint: Any = None  # the grammar's state for this request (structured outputs), owned by the sampler
 
     @property
     def tokens(self) -> list[int]:

@@ -76,7 +76,7 @@ def _serve_extra_without_torch() -> tuple[str, ...]:
 # Dockerfile builds without network (--no-build-isolation), so it is pinned with the rest.
 LOCK_SOURCES: dict[str, tuple[str, ...]] = {
     "operator": ("./engine", "./operator", "setuptools"),
-    "engine": ("./engine[serve]", "setuptools"),
+    "engine": ("./engine[serve,grammar]", "setuptools"),
     # FuriosaAI's packages bring the torch they pin (2.10), so the engine's serve extra (torch 2.15) is taken
     # without its torch; the Dockerfile installs the engine itself with --no-deps.
     "engine-rngd": ("furiosa-torch", "furiosa-smi", "./engine", *_serve_extra_without_torch(), "setuptools"),

@@ -40,6 +40,7 @@ class HFTokenizer:
         from tokenizers import Tokenizer as _Tokenizer
 
         self._tok = _Tokenizer.from_file(str(path))
+        self.backend = self._tok  # the tokenizers object itself (the grammar engine reads its vocabulary)
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = eos_token_id
 

@@ -83,5 +83,5 @@ class ChatTemplate:
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
         if self._template is None:
             return plain_template(messages)
-        return self._template.render(messages=[{"role": m.role, "content": m.text()} for m in messages],
+        return self._template.render(messages=[m.template_dict() for m in messages],
                                      add_generation_prompt=add_generation_prompt, **self._specials)

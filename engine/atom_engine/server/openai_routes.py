@@ -39,6 +39,7 @@ from atom_engine.server.protocol import (
     _Common,
     parse,
 )
+from atom_engine.server.structured import StructuredOutputs
 
 log = logging.getLogger("atom_engine.server")
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -93,6 +94,7 @@ class OpenAIRoutes:
         self.engine, self.aengine, self.metrics = engine, aengine, metrics
         self.model_name = engine.settings.model_name
         self.chat_template = ChatTemplate(engine.settings.model_source)
+        self.structured = StructuredOutputs(engine)
         self.rejected = 0
 
     # method, path, handler: the server registers these (answering 503 until the model is loaded)
@@ -116,6 +118,7 @@ class OpenAIRoutes:
             req.check_vocab(self.engine.vocab_size)
             prompts = [(p if isinstance(p, str) else None, self._encode(p)) for p in req.prompts()]
             params = self._params(lambda: req.completion_sampling(DEFAULT_COMPLETION_TOKENS))
+            params = await self.structured.apply(req.grammar(), params)
             self._check_prompt_logprobs(params)
             return await self._serve(request, rid, "completion", req, prompts, params)
         except ApiError as exc:
@@ -131,6 +134,7 @@ class OpenAIRoutes:
             ids = self._encode(self.chat_template.render(req.messages), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))
+            params = await self.structured.apply(req.grammar(), params)
             return await self._serve(request, rid, "chat", req, [(None, ids)], params)
         except ApiError as exc:
             return self._refused(rid, exc)
@@ -315,7 +319,9 @@ class OpenAIRoutes:
                                   "stop_reason": end.stop_reason}
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if isinstance(req, ChatCompletionRequest):
-            choice["message"] = {"role": "assistant", "content": end.final_text or ""}
+            # refusal and annotations: required by OpenAI's schema (this engine never refuses, cites nothing)
+            choice["message"] = {"role": "assistant", "content": end.final_text or "", "refusal": None,
+                                 "annotations": []}
             if req.logprobs:
                 choice["logprobs"] = chat_logprobs(c.logprobs, text_of)
         else:

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 
 from atom_engine.sequence import MAX_LOGPROBS, SamplingParams
 from atom_engine.server.errors import ApiError
+from atom_engine.server.fields import check_extra
+from atom_engine.server.structured import spec_of
+from atom_engine.structured.spec import GrammarSpec
 
 INT64 = 2**63
 MAX_N = 128  # choices per request (each prompt); the waiting queue (maxWaiting) bounds them further
@@ -26,8 +29,9 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    # Unknown fields are ignored as OpenAI-compatible servers do; the ones we cannot honour are refused below.
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # Unknown fields are kept aside (model_extra) and sorted by atom_engine.server.fields: ignored as vLLM does,
+    # or refused where they would change the answer.
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     max_tokens: StrictInt | None = Field(None, ge=1)
@@ -40,7 +44,13 @@ class _Common(BaseModel):
     ignore_eos: StrictBool = False  # vLLM's extension
     include_stop_str_in_output: StrictBool = False  # vLLM's extension
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: no structured output here
+    # Structured outputs (atom_engine.server.structured): OpenAI's, and vLLM's extensions
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     min_tokens: StrictInt = Field(0, ge=0)  # vLLM's extension
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)  # vLLM's extension
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -54,6 +64,7 @@ class _Common(BaseModel):
 
     def check(self) -> None:
         """Rules across fields (a 400 naming the field)."""
+        check_extra(self.model_extra)
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options: only allowed with stream=true", param="stream_options",
                            code="invalid_value")
@@ -64,9 +75,7 @@ class _Common(BaseModel):
         if bad:
             raise ApiError(400, f"stop_token_ids: token ids must be >= 0; got {bad[:5]}", param="stop_token_ids",
                            code="invalid_value")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ApiError(400, f"response_format: only {{'type': 'text'}} is supported by this engine; got"
-                           f" {self.response_format!r}", param="response_format", code="invalid_value")
+        self.grammar()  # a 400 for a malformed grammar field (its source is checked when compiled)
         for key, bias in (self.logit_bias or {}).items():
             if not key.isdigit() or not -100 <= bias <= 100:
                 raise ApiError(400, f"logit_bias: keys must be token ids and values in [-100, 100]; got {key!r}:"
@@ -81,6 +90,12 @@ class _Common(BaseModel):
 
     def max_tokens_or(self, default: int) -> int:
         return self.max_tokens if self.max_tokens is not None else default
+
+    def grammar(self) -> tuple[str, GrammarSpec] | None:
+        """The structured output asked for, and the field that asked."""
+        return spec_of({name: getattr(self, name) for name in (
+            "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+            "guided_grammar", "ignore_eos", "min_tokens")})
 
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -147,16 +162,53 @@ class CompletionRequest(_Common):
                              logprobs=self.logprobs, prompt_logprobs=prompt_logprobs)
 
 
+# Content parts a text-only model can take (their text is the message's), and the ones it cannot: refused, since
+# dropping an image and answering as if there were none is a wrong answer.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+MEDIA_PARTS = {"image_url": "images", "input_image": "images", "image": "images", "image_pil": "images",
+               "input_audio": "audio", "audio_url": "audio", "video_url": "video", "file": "files",
+               "input_file": "files"}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def check(self, where: str) -> None:
+        """Every content part is text (a 400 naming the first that is not)."""
+        for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            kind = part.get("type")
+            if kind in MEDIA_PARTS:
+                raise ApiError(400, f"{where}.content[{j}]: a {kind!r} content part needs a model that takes"
+                               f" {MEDIA_PARTS[kind]}; this model takes text only", param="messages",
+                               code="unsupported_content")
+            key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+            if key is None:
+                raise ApiError(400, f"{where}.content[{j}]: unknown content part type {kind!r}; expected one of"
+                               f" {sorted(TEXT_PARTS)}", param="messages", code="invalid_value")
+            if not isinstance(part.get(key), str):
+                raise ApiError(400, f"{where}.content[{j}]: a {kind!r} part needs a string {key!r}",
+                               param="messages", code="invalid_value")
+        check_extra({k: v for k, v in (self.model_extra or {}).items() if k in MESSAGE_FIELDS_REFUSED})
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+            return "".join(p[TEXT_PARTS[p["type"]]] for p in self.content)
         return self.content or ""
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as a chat template sees it (transformers passes the message dicts as given)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+# A message's fields that carry what the prompt would lose if ignored.
+MESSAGE_FIELDS_REFUSED = frozenset({"audio", "function_call", "tool_calls"})
 
 
 class ChatCompletionRequest(_Common):
@@ -167,6 +219,8 @@ class ChatCompletionRequest(_Common):
 
     def check(self) -> None:
         super().check()
+        for i, m in enumerate(self.messages):
+            m.check(f"messages[{i}]")
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
 
@@ -196,6 +250,8 @@ class TokenizeRequest(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "prompt: give exactly one of prompt or messages", param="prompt",
                            code="invalid_value")
+        for i, m in enumerate(self.messages or ()):
+            m.check(f"messages[{i}]")
 
 
 class DetokenizeRequest(BaseModel):

@@ -1,0 +1,30 @@
+"""What a request's structured output asks for: one grammar source, as data (a cache key, shippable as is)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """``source``: the schema as canonical JSON (``json_schema``), the regex, the choices as a JSON list, or the
+    EBNF text (``grammar``); empty for ``json_object``. ``any_whitespace``: JSON may hold any whitespace between
+    its tokens (vLLM's default); off, JSON is written on one line with single spaces after separators, so a
+    sampling model cannot pad with whitespace until max_tokens cuts the object off."""
+
+    kind: Kind
+    source: str = ""
+    any_whitespace: bool = False
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool, any_whitespace: bool = False) -> GrammarSpec:
+        # Key order is kept: a schema's property order is the output's.
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")), any_whitespace)
+
+    @classmethod
+    def choice(cls, options: list[str]) -> GrammarSpec:
+        return cls("choice", json.dumps(list(options)))

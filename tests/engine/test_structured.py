@@ -1,0 +1,77 @@
+"""The grammar mask at sampling, below the server: every backend samples through it, a retried step keeps the
+matcher in step with the output, and a token the grammar forbids is refused."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+from atom_engine.engine import LLMEngine
+from atom_engine.sampling import sample
+from atom_engine.sequence import SamplingParams, Sequence
+from atom_engine.settings import EngineSettings
+from atom_engine.structured.compiler import GrammarError, Grammars
+from atom_engine.structured.spec import GrammarSpec
+
+SETTINGS = dict(lanes=3, kv_blocks=6, max_seq_len=256, prefill_chunk=64, prefix_cache=True)
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "name": {"type": "string", "maxLength": 6}}, "required": ["id", "name"]}
+
+
+def grammars(engine: LLMEngine) -> Grammars:
+    return Grammars(engine.tokenizer, engine.vocab_size, engine.eos_token_id)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "atom"])
+def test_every_backend_samples_through_the_mask(backend: str, request: pytest.FixtureRequest) -> None:
+    if backend == "atom":
+        request.getfixturevalue("rebel")
+    engine = LLMEngine(EngineSettings(backend=backend, **SETTINGS))
+    grammar = grammars(engine).compile(GrammarSpec.json_schema(SCHEMA))
+    params = [SamplingParams(max_tokens=120, temperature=1.0, seed=s, grammar=grammar) for s in range(5)]
+    outs = engine.generate(["the quick brown fox"] * 5, params)
+    for o in outs:
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+    engine.kv.check_invariant()
+
+
+def test_a_retried_position_rolls_the_matcher_back() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    grammar = grammars(engine).compile(GrammarSpec("regex", "ab|cd"))
+    seq = Sequence("r", [1, 2], SamplingParams(max_tokens=4, grammar=grammar))
+    logits = torch.zeros(engine.vocab_size)
+    logits[ord("c")] = 5.0  # the greedy choice among what the grammar allows
+    first = sample(logits, seq)
+    again = sample(logits, seq)  # the same position sampled again (a decode step retried after a failed batch)
+    assert first == again == ord("c")
+    seq.output.append(first)
+    assert sample(logits, seq) == ord("d")  # the grammar moved on by one token, not two
+
+
+def test_a_token_the_grammar_forbids_is_refused() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    c = grammars(engine).compile(GrammarSpec("regex", "ab")).constraint()
+    assert c.allows(ord("a"), 0) and not c.allows(ord("b"), 0)
+    with pytest.raises(RuntimeError, match="does not follow the request's grammar"):
+        c.accept(ord("x"))
+
+
+def test_choices_escape_quotes_and_backslashes() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    options = ['say "hi"', "back\\slash", "plain"]
+    grammar = grammars(engine).compile(GrammarSpec.choice(options))
+    outs = engine.generate(["x"] * 6, [SamplingParams(max_tokens=20, temperature=1.0, seed=s, grammar=grammar)
+                                       for s in range(6)])
+    assert all(o.text in options for o in outs), [o.text for o in outs]
+
+
+def test_invalid_sources_raise_grammar_error_without_the_cxx_location() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    g = grammars(engine)
+    with pytest.raises(GrammarError) as info:
+        g.compile(GrammarSpec("regex", "(a"))
+    assert not re.search(r"\.cc:\d+", str(info.value)) and "parenthesis" in str(info.value)

@@ -67,6 +67,8 @@ ATOM = {
     "atom:prefill_bytes_sent": ("counter", "prefill_bytes_sent", "Frame bytes sent (prefill role)."),
     "atom:prefill_sends_started": ("counter", "prefill_sends_started", "Frames whose sending began."),
     "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
+    "atom:prefill_in_flight": ("gauge", "prefill_in_flight", "Prefill requests held: queued, computing or sending."),
+    "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
 }
 
 

@@ -57,6 +57,9 @@ ATOM = {
     "atom:pd_fetch_attempts": ("counter", "pd_attempts", "Fetch attempts on prefill workers."),
     "atom:pd_fetch_retries": ("counter", "pd_retries", "Fetches retried on another worker."),
     "atom:pd_fetch_failures": ("counter", "pd_failures", "Failed fetch attempts."),
+    "atom:pd_breaker_state": ("gauge", "pd_breaker_state", "The prefill pool's circuit breaker: 0 closed, 1 half-open,"
+                              " 2 open (fetches fail at once)."),
+    "atom:pd_breaker_transitions": ("counter", "pd_breaker_transitions", "Moves of the prefill pool's breaker."),
     "atom:prefetch_started": ("counter", "prefetch_started", "B1 prefetches started."),
     "atom:prefetch_hits": ("counter", "prefetch_hits", "Prefetched shipments imported by their lane."),
     "atom:prefetch_cancelled": ("counter", "prefetch_cancelled", "Prefetched requests cancelled before import."),

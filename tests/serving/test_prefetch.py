@@ -1,6 +1,7 @@
 """B1 prefetch (one lane, remote-only): {success, cancel, producer error} x {prefix cache off, on}. Outputs stay
 exact; the source slot is held until the import (after a cancel or an error, until the producer completed);
-the engine is not idle while a prefetch is held; a prefetched request is never fetched twice."""
+the engine is not idle while a prefetch is held; a cancel stops the prefetch's producer; a prefetched request
+is never fetched twice."""
 
 from __future__ import annotations
 
@@ -84,33 +85,36 @@ async def test_prefetch_success_imports_once_and_is_exact(decode: tuple[str, boo
     assert_no_block_leaked(m)
 
 
-async def test_cancelled_prefetch_holds_its_slot_until_the_producer_completes(
-        decode: tuple[str, bool], hold_dir: Path) -> None:
+async def test_a_cancelled_prefetch_stops_its_producer_and_frees_its_slot(
+        decode: tuple[str, bool], prefill_pair: list[Proc], hold_dir: Path) -> None:
     url, prefix_cache = decode
+    worker = prefill_pair[0].url
     name = f"cancel-{int(prefix_cache)}"
     before = await scrape(url)
     _stream, long = await start_long(url)
     doomed = asyncio.create_task(complete(url, CACHED + f"HOLD:{name}; then cancelled", 8))
     await wait_metrics(url, lambda m: m["atom:prefetch_started_total"] == before["atom:prefetch_started_total"] + 1,
                        "the prefetch to start")
+    await wait_metrics(worker, lambda m: m["atom:prefill_in_flight"] == 1, "the worker to hold the prefetch")
     doomed.cancel()  # the client goes away while its KV is still being produced
     await asyncio.wait_for(long, 60)
     m = await wait_metrics(url, lambda m: m["atom:prefetch_cancelled_total"]
-                           == before["atom:prefetch_cancelled_total"] + 1 and m["vllm:num_requests_running"] == 0,
+                           == before["atom:prefetch_cancelled_total"] + 1 and idle(m),
                            "the cancel and the long request to end", 60)
-    # No request is left, but the producer still runs: the slot stays reserved and the engine is not idle.
+    # The cancel stopped the fetch: once it stopped, the slot is free, though the worker's hold never ended.
     assert m["vllm:num_requests_waiting"] == 0 and m["atom:kv_blocks_lanes"] == 0
-    assert m["atom:pd_source_slots_held"] == 1 and m["atom:engine_idle"] == 0
+    assert m["atom:pd_source_slots_held"] == 0
     assert m["atom:kv_blocks_pinned"] == 0  # the cache entry the prefetch relied on is unpinned at once
-    (hold_dir / name).touch()  # the producer completes
-    m = await wait_metrics(url, idle, "the producer to complete")
+    w = await wait_metrics(worker, lambda m: m["atom:prefill_in_flight"] == 0, "the worker to drop the prefetch")
     assert_no_block_leaked(m)
+    (hold_dir / name).touch()
     assert m["atom:prefetch_hits_total"] == before["atom:prefetch_hits_total"]
     prompt = CACHED + "after a cancel"
     assert await complete(url, prompt, 6) == reference_tokens([prompt], 6)[0]
     after = await scrape(url)
     # Two fetches for the long and the cancelled request, one for the last: the cancelled one never again.
     assert after["atom:pd_remote_prefills_total"] - before["atom:pd_remote_prefills_total"] == 3
+    assert (await scrape(worker))["atom:prefill_sends_started_total"] == w["atom:prefill_sends_started_total"] + 1
 
 
 async def test_producer_error_fails_only_the_prefetched_request_and_frees_the_slot(

@@ -14,7 +14,9 @@ rollout or a restart, where endpoints lag the pods by seconds. Then the request 
 and, when none answers, re-resolves and retries with a short backoff until ``unavailable_wait`` seconds have
 passed, then fails with a 503. Retrying is safe because a prefill has no side effect on the decode side
 (nothing is imported before the whole frame has been checked); the bounds keep a sick or absent pool a clear
-503 rather than an endless wait.
+503 rather than an endless wait. The pool's :class:`~atom_engine.pd.breaker.CircuitBreaker` makes that wait one
+window from the pool's first failure for every request, not one per request (and fails fetches at once while
+open, until a probe finds a worker that answers).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import aiohttp
 
 from atom_engine.errors import KVUnavailable
+from atom_engine.pd.breaker import CircuitBreaker
 from atom_engine.pd.wire import CorruptTransfer, Expect, Shipment, read_frame
 
 log = logging.getLogger("atom_engine.pd")
@@ -60,17 +63,13 @@ class Timeouts:
 
 @dataclass
 class ClientStats:
-    fetches: int = 0
-    attempts: int = 0
-    retries: int = 0
-    failures: dict[str, int] = field(default_factory=dict)  # reason -> count
-    bytes_received: int = 0
-    transfer_seconds: float = 0.0  # from the first byte of a frame to its last
-    per_worker: dict[str, int] = field(default_factory=dict)
+    """The client's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
 
-    def as_stats(self) -> dict[str, float]:
-        return {"pd_bytes_received": self.bytes_received, "pd_transfer_seconds": self.transfer_seconds,
-                "pd_attempts": self.attempts, "pd_retries": self.retries, "pd_failures": sum(self.failures.values())}
+    pd_attempts: int = 0
+    pd_retries: int = 0
+    pd_failures: int = 0
+    pd_bytes_received: int = 0
+    pd_transfer_seconds: float = 0.0  # from the first byte of a frame to its last
 
 
 async def resolve_host(host: str, port: int) -> list[str]:
@@ -91,7 +90,8 @@ def parse_targets(spec: str) -> list[tuple[str, int]]:
 class PrefillClient:
     def __init__(self, targets: str, *, timeouts: Timeouts | None = None, attempts: int = 2,
                  resolve_interval: float = 5.0, cooldown: float = 5.0, resolver: Resolver = resolve_host,
-                 unavailable_wait: float = 30.0, backoff: float = 0.05, max_backoff: float = 1.0) -> None:
+                 unavailable_wait: float = 30.0, backoff: float = 0.05, max_backoff: float = 1.0,
+                 probe_interval: float = 0.25) -> None:
         self.targets = parse_targets(targets)
         self.timeouts = timeouts or Timeouts()
         self.attempts = attempts
@@ -101,6 +101,7 @@ class PrefillClient:
         self.cooldown = cooldown
         self.resolver = resolver
         self.stats = ClientStats()
+        self.breaker = CircuitBreaker(unavailable_wait, self.probe, probe_interval=probe_interval)
         self._addresses: list[str] = []
         self._resolved_at = -1e9
         self._in_flight: dict[str, int] = {}
@@ -108,11 +109,16 @@ class PrefillClient:
         self._turn = itertools.count()
         self._session: aiohttp.ClientSession | None = None
 
+    def figures(self) -> dict[str, float]:
+        return {**asdict(self.stats), "pd_breaker_state": int(self.breaker.state),
+                "pd_breaker_transitions": self.breaker.transitions}
+
     async def start(self) -> None:
         # No pool limit: the decode side bounds concurrent fetches by its source slots.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def close(self) -> None:
+        await self.breaker.close()
         if self._session is not None:
             await self._session.close()
 
@@ -145,55 +151,88 @@ class PrefillClient:
     # -- fetching -----------------------------------------------------------------------------------
     async def fetch(self, expect: Expect, prompt: list[int], buffer: bytearray | None = None) -> Shipment:
         """The KV of ``prompt[expect.start:]`` from some worker, checked against ``expect``."""
-        self.stats.fetches += 1
+        breaker = self.breaker
+        if breaker.rejecting:
+            raise PrefillUnavailable(breaker.unavailable_text())
         failed: set[str] = set()  # answered and failed: not asked again for this request
         unanswered: set[str] = set()  # did not answer in this round; asked again after the backoff
         errors: dict[str, str] = {}  # worker -> its last error, for the 503's message
-        deadline = time.monotonic() + self.unavailable_wait
+        start = breaker.clock()
         delay = self.backoff
         attempt = 0
         while len(failed) < self.attempts:
+            if breaker.rejecting:  # another fetch found the pool gone meanwhile
+                raise PrefillUnavailable(breaker.unavailable_text())
+            deadline = breaker.deadline(start)  # shortened once a failing window opens
             addresses = await self.addresses(force=attempt > 0)
             address = self.pick(addresses, failed | unanswered)
             if address is None:
                 if addresses and set(addresses) <= failed:
                     break  # every known worker answered this request with a failure
                 # None is known or none answered: a rollout or a restart; wait for one, within the bound.
-                if time.monotonic() + delay > deadline:
+                left = deadline - breaker.clock()
+                if left <= 0:
+                    breaker.gave_up(deadline)
                     break
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, self.max_backoff)
                 unanswered.clear()
                 continue
             if attempt:
-                self.stats.retries += 1
+                self.stats.pd_retries += 1
             attempt += 1
             try:
-                return await self._fetch_from(address, expect, prompt, buffer)
+                # While the pool is failing, an attempt may not outlast the failing window (a hung pool).
+                bound = None if breaker.failing_since is None else max(0.0, deadline - breaker.clock())
+                try:
+                    async with asyncio.timeout(bound):
+                        ship = await self._fetch_from(address, expect, prompt, buffer)
+                except TimeoutError as exc:
+                    raise self._fail("no shipment by the end of the pool's failing window"
+                                     f" ({self.unavailable_wait:g}s)") from exc
             except WorkerFailed as exc:
                 self._failed_at[address] = time.monotonic()
                 errors[address] = str(exc)
                 (unanswered if exc.unanswered else failed).add(address)
+                breaker.failure(f"{address}: {exc}")
                 log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d answered=%s error=%s",
                             expect.request_id, address, attempt, not exc.unanswered, exc)
+                continue
+            breaker.success()
+            return ship
         if not errors:
             raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}"
-                                     f" (waited {self.unavailable_wait:g}s)")
+                                     f" (waited {breaker.clock() - start:.1f}s)")
         raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): "
                                  + "; ".join(f"{a}: {e}" for a, e in errors.items()))
+
+    async def probe(self) -> bool:
+        """Whether some worker of the pool answers (the breaker's half-open probe)."""
+        for address in await self.addresses(force=True):
+            if await self._answers(address):
+                return True
+        return False
+
+    async def _answers(self, address: str) -> bool:
+        assert self._session is not None, "PrefillClient.start() was not awaited"
+        try:
+            async with self._session.get(f"http://{address}/ready",
+                                         timeout=aiohttp.ClientTimeout(total=self.timeouts.connect)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
 
     def _target_text(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.targets)
 
-    def _fail(self, reason: str, message: str, *, unanswered: bool = False) -> WorkerFailed:
-        self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
+    def _fail(self, message: str, *, unanswered: bool = False) -> WorkerFailed:
+        self.stats.pd_failures += 1
         return WorkerFailed(message, unanswered=unanswered)
 
     async def _fetch_from(self, address: str, expect: Expect, prompt: list[int],
                           buffer: bytearray | None) -> Shipment:
         assert self._session is not None, "PrefillClient.start() was not awaited"
-        self.stats.attempts += 1
-        self.stats.per_worker[address] = self.stats.per_worker.get(address, 0) + 1
+        self.stats.pd_attempts += 1
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         t = self.timeouts
         timeout = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_read=t.response)
@@ -209,20 +248,20 @@ class PrefillClient:
                     if resp.status != 200:
                         text = (await asyncio.wait_for(resp.text(), t.read))[:300]
                         # 503: the worker is still loading (or draining) and did nothing: as good as not there.
-                        raise self._fail("status", f"HTTP {resp.status}: {text}", unanswered=resp.status == 503)
+                        raise self._fail(f"HTTP {resp.status}: {text}", unanswered=resp.status == 503)
                     return await self._read(resp, expect, buffer)
         except aiohttp.ConnectionTimeoutError as exc:  # connecting timed out: nobody there to answer
-            raise self._fail("connection", f"connect timed out after {t.connect}s", unanswered=True) from exc
+            raise self._fail(f"connect timed out after {t.connect}s", unanswered=True) from exc
         except TimeoutError as exc:  # before ClientError: aiohttp's socket timeouts are both
-            raise self._fail("timeout", f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
+            raise self._fail(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
                                         f" total {t.total}s)") from exc
         except (aiohttp.ClientError, ConnectionError) as exc:
             # Refused, reset or closed before the status line: a worker that is stopping or not there yet (a
             # keep-alive connection the worker closed at shutdown reads so too). After an answer it is a failure.
             unanswered = not answered and isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError))
-            raise self._fail("connection", f"{type(exc).__name__}: {exc}", unanswered=unanswered) from exc
+            raise self._fail(f"{type(exc).__name__}: {exc}", unanswered=unanswered) from exc
         except CorruptTransfer as exc:
-            raise self._fail("corrupt", f"corrupt KV transfer refused: {exc}") from exc
+            raise self._fail(f"corrupt KV transfer refused: {exc}") from exc
         finally:
             self._in_flight[address] -= 1
 
@@ -238,9 +277,9 @@ class PrefillClient:
                 raise aiohttp.ClientPayloadError(f"frame cut short after {len(exc.partial)} of {n} bytes") from exc
             if first[0]:
                 first[0], started[0] = False, time.perf_counter()
-            self.stats.bytes_received += len(data)
+            self.stats.pd_bytes_received += len(data)
             return data
 
         ship = await read_frame(read_exactly, expect, buffer)
-        self.stats.transfer_seconds += time.perf_counter() - started[0]
+        self.stats.pd_transfer_seconds += time.perf_counter() - started[0]
         return ship

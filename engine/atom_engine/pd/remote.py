@@ -11,9 +11,9 @@ Lifecycle of a shipment (docs/design.md, "PD disaggregation" and "B1 prefetch"):
   the fetch of the uncached suffix starts;
 - when the fetch is done the runner imports the KV into the lane's block and samples the first token from the
   shipped logits, and the slot is released;
-- when the request ends first (cancel, error), the lane and its block go at once, but the slot stays reserved
-  until the fetch (the producer) completes, since it may still be writing into the slot; fetches are bounded
-  by the client's timeouts, so nothing waits forever.
+- when the request ends first (cancel, error), the lane and its block go at once and the fetch is cancelled (its
+  connection closes, so the worker stops computing or sending it); the slot stays reserved until the fetch has
+  stopped, since until then it may still be writing into the slot.
 
 B1 prefetch (``prefetchNext``, one lane): while the lane decodes, the head of the queue is fetched into the
 slot; with a prefix cache its entry is pinned and only the uncached suffix is shipped; at admission the lane
@@ -26,7 +26,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,49 @@ from atom_engine.pd.wire import Expect, Shipment
 from atom_engine.sequence import FinishReason, Sequence, Status
 
 log = logging.getLogger("atom_engine.pd")
+
+
+class Fetch:
+    """One fetch on the event loop, watched from the engine thread (``future``: its shipment or its error).
+    ``cancel()`` stops it, which closes its connection, so the worker stops too; ``on_stopped`` runs on the loop
+    once the fetch can no longer write into its slot (it returned, failed, was cancelled or never started)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fetch: Callable[[], Coroutine[Any, Any, Shipment]],
+                 on_stopped: Callable[[], None]) -> None:
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self._loop = loop
+        self._task: asyncio.Task | None = None
+        self._cancelled = False
+        loop.call_soon_threadsafe(self._start, fetch, on_stopped)
+
+    def _start(self, fetch: Callable[[], Coroutine[Any, Any, Shipment]], on_stopped: Callable[[], None]) -> None:
+        if self._cancelled:
+            on_stopped()
+            self.future.cancel()
+            return
+        self._task = self._loop.create_task(fetch())
+        self._task.add_done_callback(lambda task: self._stopped(task, on_stopped))
+
+    def _stopped(self, task: asyncio.Task, on_stopped: Callable[[], None]) -> None:
+        on_stopped()  # before the future completes: whoever sees it done finds the producer gone
+        if task.cancelled():
+            self.future.cancel()
+        elif (exc := task.exception()) is not None:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(task.result())
+
+    def cancel(self) -> None:
+        """From any thread; the fetch stops at its next await."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing runs on it any more
+            pass
+
+    def _cancel(self) -> None:
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
 
 
 class RemotePrefill:
@@ -61,26 +104,32 @@ class RemotePrefill:
                            * dtype.itemsize + 4 * cfg.vocab_size)
         self.wakeup = wakeup
 
-    def submit(self, request_id: str, prompt: list[int], start: int, slot: int,
-               prompt_logprobs: int | None = None) -> concurrent.futures.Future:
+    def submit(self, request_id: str, prompt: list[int], start: int, slot: int, on_stopped: Callable[[], None],
+               prompt_logprobs: int | None = None) -> Fetch:
         if self.layout is None:
             raise RuntimeError("RemotePrefill.configure() was not called")
         expect = Expect(request_id, start, prompt[start:], **self.layout, prompt_logprobs=prompt_logprobs)
         buffer = self.buffers.get(slot)
         if buffer is None:  # allocated on first use, then reused by every shipment into this slot
             buffer = self.buffers[slot] = bytearray(self.slot_bytes)
-        fut = asyncio.run_coroutine_threadsafe(self.client.fetch(expect, prompt, buffer), self.loop)
-        fut.add_done_callback(lambda _f: self.wakeup())
-        return fut
+        fetch = Fetch(self.loop, lambda: self.client.fetch(expect, prompt, buffer), on_stopped)
+        fetch.future.add_done_callback(lambda _f: self.wakeup())
+        return fetch
 
 
 @dataclass
 class Transfer:
-    future: concurrent.futures.Future
     slot: int
     start: int
     prefetched: bool = False
     source: int | None = None  # a prefetch's pinned prefix-cache entry, until the lane copies from it
+    fetch: Fetch | None = None
+    holders: int = 2  # the producer (the fetch) and the consumer (the lane); the slot is free when both let go
+
+    @property
+    def future(self) -> concurrent.futures.Future:
+        assert self.fetch is not None
+        return self.fetch.future
 
 
 class RemoteConnector:
@@ -124,8 +173,19 @@ class RemoteConnector:
         with self._slot_lock:
             return self.slots.reserve(request_id)
 
-    def _producer_done(self, request_id: str) -> None:
+    def _start(self, seq_id: str, prompt: list[int], start: int, slot: int, prompt_logprobs: int | None, *,
+               prefetched: bool = False, source: int | None = None) -> Transfer:
+        t = self.transfers[seq_id] = Transfer(slot, start, prefetched=prefetched, source=source)
+        t.fetch = self.remote.submit(seq_id, prompt, start, slot, lambda: self._let_go(seq_id, t), prompt_logprobs)
+        self.counters["remote_prefills"] += 1
+        return t
+
+    def _let_go(self, request_id: str, t: Transfer) -> None:
+        """The producer or the consumer is done with the slot (either thread); the last one frees it."""
         with self._slot_lock:
+            t.holders -= 1
+            if t.holders:
+                return
             self.slots.release(request_id)
             if self.prefetch_id == request_id:
                 self.prefetch_id = None
@@ -150,10 +210,7 @@ class RemoteConnector:
             slot = self._reserve(seq.id)
             if slot is None:
                 return None  # every slot is busy: try again next step
-            t = self.transfers[seq.id] = Transfer(
-                self.remote.submit(seq.id, seq.prompt, seq.computed, slot, seq.params.prompt_logprobs), slot,
-                seq.computed)
-            self.counters["remote_prefills"] += 1
+            t = self._start(seq.id, seq.prompt, seq.computed, slot, seq.params.prompt_logprobs)
         if not t.future.done():
             return None
         del self.transfers[seq.id]
@@ -176,20 +233,22 @@ class RemoteConnector:
     def _release(self, request_id: str, t: Transfer, *, ok: bool) -> None:
         if t.prefetched:
             self.counters["prefetch_hits" if ok else "prefetch_failed"] += 1
-        self._producer_done(request_id)  # the slot is free only now, after the import
+        self._let_go(request_id, t)  # the slot is free only now, after the import
 
     def request_finished(self, seq: Sequence, reason: FinishReason) -> None:
         t = self.transfers.pop(seq.id, None)
         if t is None:
             return
-        # Ended before its import: the slot waits for the producer.
+        # Ended before its import: the fetch is cancelled and the slot is free once it stopped.
+        assert t.fetch is not None
         if t.source is not None:
             assert self.kv is not None
             self.kv.unpin(t.source)
             t.source = None
         if t.prefetched:
             self.counters["prefetch_cancelled" if reason is FinishReason.CANCELLED else "prefetch_failed"] += 1
-        t.future.add_done_callback(lambda _f, rid=seq.id: self._producer_done(rid))
+        t.fetch.cancel()  # closes its connection: the worker stops computing or sending it
+        self._let_go(seq.id, t)  # the slot waits for the producer to stop writing into it
 
     def after_step(self, lanes: list[Sequence | None], next_waiting: Sequence | None) -> None:
         """B1: ship the head of the queue while every lane decodes, one prefetch at a time."""
@@ -211,10 +270,7 @@ class RemoteConnector:
         source, start = pinned if pinned is not None else (None, 0)
         with self._slot_lock:
             self.prefetch_id = head.id
-        self.transfers[head.id] = Transfer(self.remote.submit(head.id, head.prompt, start, slot,
-                                                              head.params.prompt_logprobs), slot, start,
-                                           prefetched=True, source=source)
+        self._start(head.id, head.prompt, start, slot, head.params.prompt_logprobs, prefetched=True, source=source)
         self.counters["prefetch_started"] += 1
         self.counters["prefetch_cached_tokens"] += start
-        self.counters["remote_prefills"] += 1
         log.info("event=prefetch_started request_id=%s cached_tokens=%d", head.id, start)

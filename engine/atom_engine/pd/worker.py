@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -23,6 +24,14 @@ from atom_engine.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class WorkerStats:
+    """The worker's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
+
+    prefill_tokens_computed: int = 0
+    prefills_abandoned: int = 0  # the decoder left before or during the prefill: stopped, nothing shipped
+
+
 class PrefillWorker:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
@@ -32,14 +41,12 @@ class PrefillWorker:
         self.vocab_size = self.model.cfg.vocab_size
         self._lock = threading.Lock()  # one model: one prefill at a time
         self._ids = itertools.count()
-        self.counters = {"prefills": 0, "prefill_tokens_computed": 0, "shipped_tokens": 0, "prefill_failures": 0,
-                         "skipped_gone": 0}
+        self.counters = WorkerStats()
 
     def stats(self) -> dict[str, float]:
         kv = self.kv.stats()
         return {**{k: kv[k] for k in ("kv_blocks", "free_blocks", "cached_blocks", "lane_blocks")},
-                "prefill_tokens_computed": self.counters["prefill_tokens_computed"],
-                "cpu_threads": torch.get_num_threads()}
+                **asdict(self.counters), "cpu_threads": torch.get_num_threads()}
 
     def warm(self) -> None:
         """Run the prefill graph once on the scratch block (touches no request's block)."""
@@ -59,13 +66,13 @@ class PrefillWorker:
                 prompt_logprobs: int | None = None) -> Shipment | None:
         """KV of ``tokens[start:]`` (attending to the whole prompt) and the last token's logits (with
         ``prompt_logprobs``, each shipped token's logprob and top-N too); None when the requester went away
-        before the work started."""
+        (``gone`` is checked before each chunk; the block is released uncached)."""
         self.validate(tokens, start)
         if prompt_logprobs is not None and start != 0:
             raise RequestRejected(f"prompt_logprobs score the whole prompt: start must be 0; got {start}")
         with self._lock:
             if gone is not None and gone.is_set():
-                self.counters["skipped_gone"] += 1
+                self.counters.prefills_abandoned += 1
                 return None
             owner = f"prefill-{next(self._ids)}"
             # Prompt logprobs need every token's logits: no prefix-cache lookup (as the decode side).
@@ -83,6 +90,9 @@ class PrefillWorker:
                 logits = None
                 chunk = self.runner.chunk
                 while computed < len(tokens):
+                    if gone is not None and gone.is_set():  # the decoder left mid-prefill: stop, ship nothing
+                        self.counters.prefills_abandoned += 1
+                        return None
                     piece = tokens[computed : computed + chunk]
                     every = prompt_logprobs is not None
                     logits = self.runner.prefill_logits(alloc.block, computed, piece, every_token=every)
@@ -91,16 +101,11 @@ class PrefillWorker:
                         scored += score_prompt(logits[: len(nxt)], nxt, prompt_logprobs)
                         logits = logits[-1]
                     computed += len(piece)
-                    self.counters["prefill_tokens_computed"] += len(piece)
+                    self.counters.prefill_tokens_computed += len(piece)
                 k, v = self.runner.export_kv(alloc.block, start, len(tokens))
                 assert logits is not None  # the last prompt token is never cached (KVBlocks.lookup)
                 ok = True
-            except Exception:
-                self.counters["prefill_failures"] += 1
-                raise
             finally:
                 self.kv.release(owner, tokens if ok else None)
-            self.counters["prefills"] += 1
-            self.counters["shipped_tokens"] += len(tokens) - start
         return Shipment(request_id, start, tokens[start:], k, v, logits.detach().to(torch.float32).clone(),
                         scored if prompt_logprobs is not None else None)

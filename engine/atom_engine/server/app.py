@@ -195,7 +195,7 @@ class OpenAIServer(EngineServer):
             out.update(self.engine.stats())
             out["requests_rejected"] = self.routes.rejected if self.routes is not None else 0
         if self.client is not None:
-            out.update(self.client.stats.as_stats())
+            out.update(self.client.figures())
         return out
 
 

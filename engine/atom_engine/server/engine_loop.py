@@ -2,9 +2,9 @@
 thread that loaded the model); outputs handed to the event loop per request.
 
 The event loop never runs a model step. ``submit`` queues a request (thread-safe in the engine) and returns an
-async stream of its :class:`StepOutput`s; leaving the stream early (client gone) cancels the request, which
-frees its lane and block at the next step. If a step raises (a bug, not a request's fault: those are isolated
-by the batcher) the loop stops, every open stream ends with an error and /health turns 503.
+async stream of its :class:`StepOutput`s (:class:`RequestStream`); closing the stream early (client gone) cancels
+the request, which frees its lane and block at the next step. If a step raises (a bug, not a request's fault:
+those are isolated by the batcher) the loop stops, every open stream ends with an error and /health turns 503.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import AsyncIterator
 
 from atom_engine.engine import LLMEngine
 from atom_engine.sequence import SamplingParams, StepOutput
@@ -83,7 +82,7 @@ class AsyncEngine:
             queue.put_nowait(exc)
 
     async def submit(self, prompt: list[int], params: SamplingParams, request_id: str
-                     ) -> AsyncIterator[StepOutput]:
+                     ) -> RequestStream:
         """Queue a request (RequestRejected: 400, QueueFull: 429, EngineDead: 503) and stream its outputs."""
         if not self.alive:
             raise EngineDead(f"the engine loop stopped: {self.error}")
@@ -95,7 +94,7 @@ class AsyncEngine:
             del self.streams[request_id]
             raise
         self.wakeup.set()
-        return self._stream(request_id, queue)
+        return RequestStream(self, request_id, queue)
 
     def abandon(self, request_id: str) -> None:
         """Cancel a request whose stream was never read (its request was refused part way through queueing)."""
@@ -103,20 +102,42 @@ class AsyncEngine:
             self.engine.cancel(request_id)
             self.wakeup.set()
 
-    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[StepOutput]:
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self.streams.pop(request_id, None)
-            if not finished:
-                self.engine.cancel(request_id)  # the client left: free the lane and block at the next step
-                self.wakeup.set()
-                log.info("event=request_cancelled request_id=%s", request_id)
+
+class RequestStream:
+    """One request's outputs as an async iterator. Closing it before the last output cancels the request, and
+    closing works whether or not anyone ever iterated it: a client that left before the handler's tasks first
+    ran (an async generator that never started would never run its ``finally``) still frees its lane."""
+
+    def __init__(self, aengine: AsyncEngine, request_id: str, queue: asyncio.Queue) -> None:
+        self.aengine, self.request_id, self.queue = aengine, request_id, queue
+        self.finished = False
+        self.closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        if self.finished or self.closed:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        if item.finished:
+            self.finished = True
+            self.close()
+        return item
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent; synchronous, so it also runs from a cancelled task's cleanup."""
+        if self.closed:
+            return
+        self.closed = True
+        self.aengine.streams.pop(self.request_id, None)
+        if not self.finished:
+            self.aengine.engine.cancel(self.request_id)  # the client left: lane and block go at the next step
+            self.aengine.wakeup.set()
+            log.info("event=request_cancelled request_id=%s", self.request_id)

@@ -59,6 +59,9 @@ ATOM = {
     "atom:pd_fetch_attempts": ("counter", "pd_attempts", "Fetch attempts on prefill workers."),
     "atom:pd_fetch_retries": ("counter", "pd_retries", "Fetches retried on another worker."),
     "atom:pd_fetch_failures": ("counter", "pd_failures", "Failed fetch attempts."),
+    "atom:pd_breaker_state": ("gauge", "pd_breaker_state", "The prefill pool's circuit breaker: 0 closed, 1 half-open,"
+                              " 2 open (fetches fail at once)."),
+    "atom:pd_breaker_transitions": ("counter", "pd_breaker_transitions", "Moves of the prefill pool's breaker."),
     "atom:prefetch_started": ("counter", "prefetch_started", "B1 prefetches started."),
     "atom:prefetch_hits": ("counter", "prefetch_hits", "Prefetched shipments imported by their lane."),
     "atom:prefetch_cancelled": ("counter", "prefetch_cancelled", "Prefetched requests cancelled before import."),
@@ -69,6 +72,8 @@ ATOM = {
     "atom:prefill_bytes_sent": ("counter", "prefill_bytes_sent", "Frame bytes sent (prefill role)."),
     "atom:prefill_sends_started": ("counter", "prefill_sends_started", "Frames whose sending began."),
     "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
+    "atom:prefill_in_flight": ("gauge", "prefill_in_flight", "Prefill requests held: queued, computing or sending."),
+    "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
 }
 
 

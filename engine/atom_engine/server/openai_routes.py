@@ -237,8 +237,9 @@ class OpenAIRoutes:
                         # vLLM seeds choice j of a seeded request with seed + j: reproducible and distinct.
                         sp = params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
                         request_id = rid if len(prompts) * n == 1 else f"{rid}-{index}"
-                        stream = await self.aengine.submit(ids, sp, request_id)
-                        stream = await streams.enter_async_context(aclosing(self._timed(stream, arrived)))
+                        outputs = await self.aengine.submit(ids, sp, request_id)
+                        streams.callback(outputs.close)  # cancels even if never read: a client gone at once
+                        stream = await streams.enter_async_context(aclosing(self._timed(outputs, arrived)))
                         prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
                         choices.append(_Choice(index, request_id, ids, stream, prompt_text))
             except ContextTooLong as exc:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Executor
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -27,6 +28,17 @@ log = logging.getLogger("atom_engine.prefill")
 WRITE_PIECE = 1 << 20
 
 
+@dataclass
+class ServiceStats:
+    """The service's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
+
+    prefill_requests: int = 0
+    prefill_in_flight: int = 0  # accepted and not yet let go: queued, computing or sending
+    prefill_sends_started: int = 0
+    prefill_sends_failed: int = 0
+    prefill_bytes_sent: int = 0
+
+
 class PrefillService:
     def __init__(self, worker: PrefillWorker, compute: Executor, *, send_timeout: float,
                  faults: Faults | None = None) -> None:
@@ -35,15 +47,12 @@ class PrefillService:
         self.send_timeout = send_timeout
         self.faults = faults or Faults()
         self.compute = compute
-        self.counters = {"requests": 0, "sends_started": 0, "sends_completed": 0, "sends_failed": 0,
-                         "bytes_sent": 0}
+        self.counters = ServiceStats()
 
     ROUTES = (("POST", "/v1/kv/prefill", "prefill"),)  # method, path, handler: the server registers these
 
     def stats(self) -> dict[str, float]:
-        return {"prefill_requests": self.counters["requests"], "prefill_bytes_sent": self.counters["bytes_sent"],
-                "prefill_sends_started": self.counters["sends_started"],
-                "prefill_sends_failed": self.counters["sends_failed"]}
+        return asdict(self.counters)
 
     async def prefill(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -57,30 +66,46 @@ class PrefillService:
             self.worker.validate(tokens, start)
         except (ValueError, KeyError, TypeError) as exc:
             return error_response(400, f"bad prefill request: {exc}", param=None)
-        self.counters["requests"] += 1
-        gone = threading.Event()
+        self.counters.prefill_requests += 1
+        self.counters.prefill_in_flight += 1
+        let_go_here = True  # False once the compute thread owns the let-go (the decoder left mid-prefill)
         try:
-            await self.faults.hold(tokens)
-            if Faults.matches(self.faults.fail_marker, tokens):
-                raise RuntimeError("injected prefill failure")
-            loop = asyncio.get_running_loop()
-            encoded = await loop.run_in_executor(self.compute, self._compute, rid, tokens, start, gone, top)
-        except asyncio.CancelledError:
-            gone.set()  # the decoder went away: skip the work if it has not started
-            log.info("event=prefill_abandoned request_id=%s", rid)
-            raise
-        except RequestRejected as exc:
-            return error_response(400, str(exc), param="prompt_token_ids")
-        except Exception as exc:  # noqa: BLE001 - a producer error: the decoder retries or fails the request
-            log.warning("event=prefill_failed request_id=%s error=%r", rid, exc)
-            return error_response(500, f"prefill failed: {exc}", err_type="internal_error", code="prefill_failed")
-        assert encoded is not None
-        head, parts = encoded
-        if Faults.matches(self.faults.corrupt_marker, tokens):
-            broken = bytearray(parts[0])
-            broken[0] ^= 0xFF
-            parts[0] = memoryview(bytes(broken))
-        return await self._send(request, rid, head, parts)
+            gone = threading.Event()
+            try:
+                await self.faults.hold(tokens)
+                if Faults.matches(self.faults.fail_marker, tokens):
+                    raise RuntimeError("injected prefill failure")
+                job = self.compute.submit(self._compute, rid, tokens, start, gone, top)
+                try:
+                    encoded = await asyncio.wrap_future(job)
+                except asyncio.CancelledError:
+                    gone.set()  # the compute stops before its next chunk (or never starts)
+                    loop = asyncio.get_running_loop()
+                    job.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._let_go))
+                    let_go_here = False
+                    raise
+            except asyncio.CancelledError:
+                log.info("event=prefill_abandoned request_id=%s", rid)
+                raise
+            except RequestRejected as exc:
+                return error_response(400, str(exc), param="prompt_token_ids")
+            except Exception as exc:  # noqa: BLE001 - a producer error: the decoder retries or fails the request
+                log.warning("event=prefill_failed request_id=%s error=%r", rid, exc)
+                return error_response(500, f"prefill failed: {exc}", err_type="internal_error",
+                                      code="prefill_failed")
+            assert encoded is not None
+            head, parts = encoded
+            if Faults.matches(self.faults.corrupt_marker, tokens):
+                broken = bytearray(parts[0])
+                broken[0] ^= 0xFF
+                parts[0] = memoryview(bytes(broken))
+            return await self._send(request, rid, head, parts)
+        finally:
+            if let_go_here:
+                self._let_go()
+
+    def _let_go(self) -> None:
+        self.counters.prefill_in_flight -= 1
 
     def _compute(self, rid: str, tokens: list[int], start: int, gone: threading.Event, top: int | None
                  ) -> tuple[bytes, list[memoryview]] | None:
@@ -94,7 +119,7 @@ class PrefillService:
                     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = len(head) + sum(p.nbytes for p in parts)
-        self.counters["sends_started"] += 1
+        self.counters.prefill_sends_started += 1
         sent = 0
         try:
             await asyncio.wait_for(resp.prepare(request), self.send_timeout)
@@ -110,11 +135,10 @@ class PrefillService:
                     sent += piece.nbytes
             await asyncio.wait_for(resp.write_eof(), self.send_timeout)
         except (TimeoutError, ConnectionError) as exc:
-            self.counters["sends_failed"] += 1
+            self.counters.prefill_sends_failed += 1
             log.warning("event=prefill_send_failed request_id=%s sent=%d error=%r", rid, sent, exc)
             raise
         finally:
-            self.counters["bytes_sent"] += sent
-        self.counters["sends_completed"] += 1
+            self.counters.prefill_bytes_sent += sent
         log.info("event=prefill_sent request_id=%s bytes=%d", rid, sent)
         return resp

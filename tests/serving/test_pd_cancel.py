@@ -1,0 +1,85 @@
+"""A cancelled PD request cancels its fetch, and the cancel reaches the prefill worker: the worker lets go of the
+request (its in-flight count back to 0) while the KV would still be on its way, computes and sends nothing more
+for it, and the decode side's source slot is free at once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from atom_engine.kv_blocks import SourceSlots
+from atom_engine.pd.remote import RemoteConnector, RemotePrefill
+from atom_engine.sequence import FinishReason, SamplingParams, Sequence
+
+from tests.serving.conftest import (
+    MODEL,
+    Proc,
+    assert_no_block_leaked,
+    client,
+    idle,
+    in_process,
+    reference_tokens,
+    scrape,
+    wait_metrics,
+)
+from tests.serving.test_pd import PROMPTS, complete_all, decode_settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_a_cancel_while_the_worker_holds_the_request_reaches_the_worker(
+        prefill_pair: list[Proc], hold_dir: Path) -> None:
+    worker = prefill_pair[0]
+    async with in_process("decode", **decode_settings([worker], False)) as (_s, url):
+        before = await scrape(worker.url)
+        doomed = asyncio.create_task(client(url).completions.create(
+            model=MODEL, prompt="HOLD:cancel-reaches; a prompt that is never shipped", max_tokens=4))
+        await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 1, "the worker to take it")
+        doomed.cancel()  # the client leaves while the worker still holds the request (the KV not yet sent)
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        m = await wait_metrics(url, idle, "the decode side to let go")
+        assert_no_block_leaked(m)  # the source slot is free without waiting for the worker
+        w = await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 0, "the worker to let go")
+        assert w["atom:prefill_tokens_computed_total"] == before["atom:prefill_tokens_computed_total"]
+        assert w["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
+        (hold_dir / "cancel-reaches").touch()
+        assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], 12)
+
+
+class StubbornClient:
+    """A fetch that goes on writing for a while after it is cancelled (as a transfer caught mid-write)."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.finish = asyncio.Event()
+
+    async def fetch(self, expect, prompt, buffer):  # noqa: ANN001, ANN201
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            await self.finish.wait()  # still "writing" into the slot
+            raise
+
+
+async def test_a_cancelled_fetch_keeps_its_slot_until_it_has_stopped() -> None:
+    stub = StubbornClient()
+    remote = RemotePrefill(stub, asyncio.get_running_loop())  # type: ignore[arg-type]
+    remote.layout = dict(layers=1, kv_heads=1, head_dim=1, vocab=2, dtype=torch.float32)
+    connector = RemoteConnector(remote, slots=SourceSlots(1))
+    seq = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=2))
+    # The batcher's calls come from the engine thread.
+    assert await asyncio.to_thread(connector.poll, seq) is None  # the fetch starts
+    await asyncio.sleep(0.05)
+    await asyncio.to_thread(connector.request_finished, seq, FinishReason.CANCELLED)
+    await asyncio.wait_for(stub.cancelled.wait(), 5)
+    assert connector.slots.held() == 1 and connector.busy()  # the producer may still write: the slot waits
+    stub.finish.set()
+    for _ in range(250):
+        if not connector.busy():
+            break
+        await asyncio.sleep(0.02)
+    assert connector.slots.held() == 0 and not connector.busy()

@@ -57,11 +57,9 @@ class Batcher:
         detokenize: Callable[[list[int]], str] | None = None,
         connector: KVConnector | None = None,
         speculative_tokens: int = 0,
-        mixes_prefill: bool | None = None,
     ) -> None:
         """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
-        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none).
-        ``mixes_prefill``: the runner takes prefill chunks into the decode forward (None: as the runner says)."""
+        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -72,7 +70,7 @@ class Batcher:
         self.outputs = OutputProcessor(detokenize, eos_token_id)
         self.connector = connector
         self.speculative_tokens = speculative_tokens
-        self.mixes_prefill = bool(getattr(runner, "mixes_prefill", False)) if mixes_prefill is None else mixes_prefill
+        self.mixes_prefill = runner.capabilities.mixed  # prefill chunks ride in the decode forward
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
         self._cancels: set[str] = set()

@@ -16,6 +16,7 @@ import torch
 
 from atom_engine import limits
 from atom_engine.batcher import Batcher
+from atom_engine.capabilities import Capabilities
 from atom_engine.errors import RequestRejected
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import KVConnector
@@ -68,8 +69,12 @@ class LLMEngine:
     def warm(self) -> None:
         """Run the graphs once before serving, so the first request does not pay for it. Decode writes into a
         free block (its contents mean nothing until a prefill or import overwrites them), prefill into scratch."""
-        probe = Sequence("warm-up", [0], SamplingParams(max_tokens=1), block=self.kv.free[0])
-        self.runner.decode([probe] + [None] * (self.settings.lanes - 1))
+        block = self.kv.allocate("warm-up").block
+        try:
+            probe = Sequence("warm-up", [0], SamplingParams(max_tokens=1), block=block)
+            self.runner.decode([probe] + [None] * (self.settings.lanes - 1))
+        finally:
+            self.kv.release("warm-up")
         if self.settings.local_prefill:
             self.runner.prefill_logits(SCRATCH_BLOCK, 0, [0])
 
@@ -100,6 +105,11 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         with self._step_lock:
             return self.batcher.step()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this engine's backend can do (prompt logprobs, drafts, mixed steps, KV transfer, devices)."""
+        return self.runner.capabilities
 
     @property
     def speculative_tokens(self) -> int:

@@ -14,19 +14,23 @@ from typing import Any
 import torch
 
 from atom_engine.backends.graphs import CopyBlockGraph
+from atom_engine.capabilities import Capabilities
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
 
 
 class CpuBackend:
+    name = "cpu"
+    # Eager torch has no shapes: prefill takes a [1, n] logits_index (prompt logprobs), decode several tokens per
+    # lane (speculation), and a decode step may carry prefill chunks in the same forward (see mixed).
+    capabilities = Capabilities(every_token_logits=True, verify=True, mixed=True)
+
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int) -> None:
         model.pack()
         self.model = model
         self.copy = CopyBlockGraph()
         self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
         self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
-
-    every_token_logits = True  # prefill takes a [1, n] logits_index (prompt logprobs), eager torch has no shapes
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                 logits_index: torch.Tensor) -> torch.Tensor:
@@ -49,8 +53,6 @@ class CpuBackend:
         logits[idx] = part
         return logits
 
-    verifies_drafts = True  # decode takes several tokens per lane (speculation): eager torch has no shapes
-
     def verify(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor
                ) -> torch.Tensor:
         """A speculative decode step: ``[lanes, T]`` tokens per lane (its last token and its draft, padded with
@@ -65,8 +67,6 @@ class CpuBackend:
         n = sum(counts)
         return self.model(ids[real][None], positions[real][None], slots[real][None], blocks[active],
                           torch.arange(n)[None], self.k_cache, self.v_cache, rows, [counts[i] for i in active])[0]
-
-    mixes_prefill = True  # a decode step may carry prefill chunks in the same forward (see mixed)
 
     def mixed(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lanes: list[tuple[int, int]],
               chunks: list[tuple[int, int]]) -> torch.Tensor:

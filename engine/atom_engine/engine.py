@@ -21,6 +21,7 @@ from atom_engine.errors import RequestRejected
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import KVConnector
 from atom_engine.model_stack import ModelStack
+from atom_engine.overlap import OverlappedSteps
 from atom_engine.sequence import SamplingParams, Sequence, StepOutput
 from atom_engine.settings import EngineSettings
 
@@ -64,6 +65,9 @@ class LLMEngine:
             detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
             speculative_tokens=self.runner.speculative_tokens,
         )
+        # Overlapped: the device runs a step while the host applies the one before, plans the next one and makes
+        # the outputs; off, the three follow each other (Batcher.step).
+        self._overlap = OverlappedSteps(self.batcher, self.runner) if settings.overlap_scheduling else None
         self._step_lock = threading.Lock()
 
     def warm(self) -> None:
@@ -100,11 +104,11 @@ class LLMEngine:
         self.batcher.cancel(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.batcher.has_work()
+        return self.batcher.has_work() or (self._overlap is not None and self._overlap.running)
 
     def step(self) -> list[StepOutput]:
         with self._step_lock:
-            return self.batcher.step()
+            return self.batcher.step() if self._overlap is None else self._overlap.step()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -119,7 +123,7 @@ class LLMEngine:
     @property
     def stalled(self) -> bool:
         """The last step had nothing to compute: every lane waits (for a shipment, a staging slot)."""
-        return not self.batcher.last_plan.runs_forward
+        return not self.batcher.last_plan.runs_forward and not (self._overlap is not None and self._overlap.running)
 
     def output(self, seq: Sequence) -> RequestOutput:
         """A finished request's result (for in-process callers: tests, benchmarks, :meth:`generate`)."""

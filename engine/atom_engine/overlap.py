@@ -13,6 +13,7 @@ refilled one step later, and a prefix-cache entry it leaves is found from the st
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 from atom_engine.batcher import Batcher
 from atom_engine.plan_executor import Runner, execute
@@ -39,10 +40,18 @@ class OverlappedSteps:
             pending = self.batcher.apply(plan, future.result())  # a bug in execute ends the loop, as serially
         plan = self.batcher.schedule()
         if plan.runs_forward:
-            self._running = (plan, self._device.submit(execute, self.runner, plan))
+            started = threading.Event()
+            self._running = (plan, self._device.submit(self._execute, plan, started))
+            # Hand the GIL over until the device thread has begun: else it waits for the interpreter's switch
+            # interval (5 ms) while this thread makes the outputs, and the two run one after the other.
+            started.wait()
         else:  # nothing to compute (every lane waits): apply now, for the cancels and refusals it decided
             pending += self.batcher.apply(plan, execute(self.runner, plan))
         return self.batcher.process(pending, step_running=self._running is not None)
+
+    def _execute(self, plan: StepPlan, started: threading.Event) -> StepResult:
+        started.set()
+        return execute(self.runner, plan)
 
     def drain(self) -> list[StepOutput]:
         """Apply the running step (if any) and make its outputs, starting nothing new."""

@@ -104,7 +104,7 @@ def run(lanes: int, step: float, tokens: int, overlap: bool, decode, host_burn: 
     seqs = [b.add([(i * 17 + j) % VOCAB for j in range(32)], params) for i in range(lanes)]
     delivered = 0
     t0 = time.perf_counter()
-    while b.has_work() or (overlap and steps.running):
+    while b.has_work() or (overlap and steps.holding):
         delivered += sum(len(o.new_tokens) for o in steps.step())
     wall = time.perf_counter() - t0
     if overlap:

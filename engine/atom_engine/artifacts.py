@@ -65,23 +65,10 @@ def model_identity(source: str, seed: int) -> dict[str, str]:
     return {"source": source, "hash": digest}
 
 
-def sdk_identity(backend: str) -> dict[str, str]:
-    if backend == "atom":
-        from atom_engine.backends.atom import import_rebel
-
-        return {"name": "rebel-compiler", "version": str(getattr(import_rebel(), "__version__", "unknown"))}
-    import torch
-
-    return {"name": "torch", "version": torch.__version__}
-
-
-def rngd_sdk_identity(settings: EngineSettings) -> dict[str, Any]:
-    from atom_engine.backends.rngd import pe_fusion, sdk_identity
-
-    return {**sdk_identity(), "peFusion": pe_fusion(settings.num_devices, settings.rngd_pes)}
-
-
 def identity(settings: EngineSettings) -> dict[str, Any]:
+    from atom_engine.backends import backend_entry
+
+    entry = backend_entry(settings.backend)
     return {
         "backend": settings.backend,
         "model": model_identity(settings.model_source, settings.seed),
@@ -90,8 +77,8 @@ def identity(settings: EngineSettings) -> dict[str, Any]:
         "kvBlocks": settings.kv_blocks,
         "maxSeqLen": settings.max_seq_len,
         "prefillChunk": min(settings.prefill_chunk, settings.max_seq_len),  # the runner's effective chunk
-        "numDevices": settings.num_devices if settings.backend != "cpu" else 1,
-        "sdk": sdk_identity(settings.backend) if settings.backend != "rngd" else rngd_sdk_identity(settings),
+        "numDevices": 1 if entry.on_host else settings.num_devices,
+        "sdk": entry.sdk(settings),
     }
 
 
@@ -178,9 +165,8 @@ def build_backend(settings: EngineSettings, model: LlamaForCausalLM, chunk: int)
     set). A mismatching artifact raises ArtifactMismatch and is never loaded."""
     from atom_engine.backends import make_backend
 
-    args = dict(lanes=settings.lanes, kv_blocks=settings.kv_blocks, chunk=chunk, num_devices=settings.num_devices)
-    if settings.backend == "rngd":
-        args["rngd_pes"] = settings.rngd_pes
+    args = dict(lanes=settings.lanes, kv_blocks=settings.kv_blocks, chunk=chunk, num_devices=settings.num_devices,
+                rngd_pes=settings.rngd_pes)
     if not settings.compile_cache_dir:
         return make_backend(settings.backend, model, **args)
     ident = identity(settings)

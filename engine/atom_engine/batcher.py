@@ -34,7 +34,7 @@ from collections.abc import Callable
 from atom_engine.errors import ContextTooLong, QueueFull, RequestRejected
 from atom_engine.kv_blocks import Allocation, KVBlocks, NoKVBlockAvailable
 from atom_engine.kv_connector import KVConnector
-from atom_engine.output_processor import OutputProcessor, Stop
+from atom_engine.output_processor import OutputProcessor, Pending
 from atom_engine.plan_executor import Runner, execute
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
 from atom_engine.speculation import Drafter
@@ -57,11 +57,9 @@ class Batcher:
         detokenize: Callable[[list[int]], str] | None = None,
         connector: KVConnector | None = None,
         speculative_tokens: int = 0,
-        mixes_prefill: bool | None = None,
     ) -> None:
         """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
-        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none).
-        ``mixes_prefill``: the runner takes prefill chunks into the decode forward (None: as the runner says)."""
+        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -72,12 +70,13 @@ class Batcher:
         self.outputs = OutputProcessor(detokenize, eos_token_id)
         self.connector = connector
         self.speculative_tokens = speculative_tokens
-        self.mixes_prefill = bool(getattr(runner, "mixes_prefill", False)) if mixes_prefill is None else mixes_prefill
+        self.mixes_prefill = runner.capabilities.mixed  # prefill chunks ride in the decode forward
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
         self._cancels: set[str] = set()
         self._ids = itertools.count()
-        self._ended: list[StepOutput] = []  # outputs decided while planning (cancels, refused admissions)
+        self._ended: list[Pending] = []  # decided while planning (cancels, refused admissions)
+        self._unreleased: list[Sequence] = []  # ended while a step that holds their blocks runs (see process)
         self.last_plan: StepPlan = StepPlan()
         self.counters = {
             "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
@@ -125,9 +124,9 @@ class Batcher:
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Plan, run the plan, apply its result: one step, serially."""
+        """Plan, run the plan, apply its result and make the outputs: one step, serially."""
         plan = self.schedule()
-        return self.apply(plan, execute(self.runner, plan))
+        return self.process(self.apply(plan, execute(self.runner, plan)))
 
     def schedule(self) -> StepPlan:
         """Decide the step: cancels (ended now), admissions into free lanes, each prefilling lane's next chunk
@@ -155,8 +154,12 @@ class Batcher:
         self.last_plan = plan
         return plan
 
-    def apply(self, plan: StepPlan, result: StepResult) -> list[StepOutput]:
-        """Fold a run of ``plan`` back in: each item's tokens or failure; the outputs of the step."""
+    def apply(self, plan: StepPlan, result: StepResult) -> list[Pending]:
+        """Fold a run of ``plan`` back in: each item's tokens or failure, the requests that end by a token's id;
+        returns what :meth:`process` makes the step's outputs from."""
+        for seq in self._unreleased:
+            self._release(seq)
+        self._unreleased = []
         out, self._ended = self._ended, []
         for a, failure in zip(plan.admissions, result.copies, strict=True):
             if a.source is not None:
@@ -184,11 +187,9 @@ class Batcher:
             kept = deque(s for s in self.waiting if s.id not in cancels)
             dropped = [s for s in self.waiting if s.id in cancels]
             self.waiting = kept
-        for seq in dropped:
-            self._finish(seq, FinishReason.CANCELLED, self._ended)
-        for seq in self.running():
-            if seq.id in cancels:
-                self._finish(seq, FinishReason.CANCELLED, self._ended)
+        for seq in [*dropped, *(s for s in self.running() if s.id in cancels and not s.finished)]:
+            self._finish(seq, FinishReason.CANCELLED)
+            self._ended.append(Pending(seq, (), len(seq.output), True))
 
     def _admit(self) -> list[Admission]:
         admissions: list[Admission] = []
@@ -283,7 +284,7 @@ class Batcher:
         return drafts
 
     # -- applying ----------------------------------------------------------------------------------
-    def _chunk_done(self, c: Chunk, token: int | None | Exception, out: list[StepOutput]) -> None:
+    def _chunk_done(self, c: Chunk, token: int | None | Exception, out: list[Pending]) -> None:
         seq = c.seq
         if seq.finished:
             return
@@ -297,7 +298,7 @@ class Batcher:
             seq.status = Status.DECODE
             self._append(seq, token, out)
 
-    def _imported(self, imp: Import, token: int | Exception, out: list[StepOutput]) -> None:
+    def _imported(self, imp: Import, token: int | Exception, out: list[Pending]) -> None:
         seq = imp.seq
         assert self.connector is not None
         self.connector.release(seq, not isinstance(token, Exception))  # the staging slot is free only now
@@ -310,7 +311,7 @@ class Batcher:
         seq.status = Status.DECODE
         self._append(seq, token, out)
 
-    def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[StepOutput]) -> None:
+    def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[Pending]) -> None:
         self.counters["decode_steps"] += 1
         for seq, draft, new in zip(batch.lanes, result.drafts, result.decode, strict=True):
             if seq is None or seq.finished:
@@ -330,45 +331,95 @@ class Batcher:
                 if seq.finished:  # a stop inside the accepted draft: the rest is dropped
                     break
 
-    # -- outcomes --------------------------------------------------------------------------------
-    def _append(self, seq: Sequence, token: int | None, out: list[StepOutput]) -> None:
-        try:
-            if token is None:
-                raise RuntimeError("the runner returned no token")
-            seq.output.append(token)
-            self.counters["generation_tokens"] += 1
-            stop = self.outputs.stop(seq, token)
-        except Exception as exc:  # noqa: BLE001
-            self._fail(seq, exc, out)
-            return
-        if stop is None:
-            out.append(self.outputs.emit(seq, (token,)))
-        else:
-            self._finish(seq, stop.reason, out, new=(token,), stop=stop)
+    # -- outputs -----------------------------------------------------------------------------------
+    def process(self, pending: list[Pending], *, step_running: bool = False) -> list[StepOutput]:
+        """The step's outputs from :meth:`apply`'s news: each token taken into its request's text, where a stop
+        string may end the request (the tokens after it are dropped). ``step_running``: a later step, which may
+        hold the blocks of requests ended here, is running; their blocks are released when it is applied."""
+        out: list[StepOutput] = []
+        for p in pending:
+            seq = p.seq
+            if seq.output_done:  # its final output was made (a stop string earlier in the step)
+                continue
+            if not p.tokens:  # cancelled or failed
+                seq.text = self.outputs.text(seq)
+                out.append(self._emit(seq, (), p.at, True))
+                continue
+            ended = (seq.finish_reason, seq.stop_reason) if p.finishing else None
+            if seq.finished and not p.finishing and seq.finish_reason in (FinishReason.CANCELLED, FinishReason.ERROR):
+                out.append(self._emit(seq, p.tokens, p.at, False))  # its own final output follows
+                continue
+            try:
+                stop = self.outputs.text_stop(seq, p.tokens[0], p.at, ended)  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - a tokenizer failure ends this request only
+                if not seq.finished:
+                    self._fail(seq, exc, [], release=not step_running)
+                seq.text = self.outputs.text(seq)
+                out.append(self._emit(seq, p.tokens, p.at, True))
+                continue
+            if stop is None:
+                out.append(self._emit(seq, p.tokens, p.at, False))
+                continue
+            dropped = len(seq.output) - (p.at + 1)
+            if dropped:  # a stop string inside an accepted draft: the rest of the draft is not output
+                del seq.output[p.at + 1 :]
+                self.counters["generation_tokens"] -= dropped
+                if not seq.finished:
+                    seq.computed -= dropped
+            if not seq.finished:
+                self._finish(seq, stop.reason, release=not step_running)
+            seq.finish_reason = stop.reason
+            seq.stop_reason = stop.stop_reason
+            seq.stop_text = stop.text if stop.reason is FinishReason.STOP else None
+            seq.text = stop.text
+            out.append(self._emit(seq, p.tokens, p.at, True))
+        return out
 
-    def _fail(self, seq: Sequence, exc: Exception, out: list[StepOutput]) -> None:
+    def _emit(self, seq: Sequence, tokens: tuple[int, ...], at: int, final: bool) -> StepOutput:
+        seq.output_done = final
+        return self.outputs.emit(seq, tokens, at, final)
+
+    # -- outcomes --------------------------------------------------------------------------------
+    def _append(self, seq: Sequence, token: int | None, out: list[Pending]) -> None:
+        if token is None:
+            self._fail(seq, RuntimeError("the runner returned no token"), out)
+            return
+        seq.output.append(token)
+        self.counters["generation_tokens"] += 1
+        ended = self.outputs.token_stop(seq, token)
+        if ended is not None:
+            seq.stop_reason = ended[1]
+            self._finish(seq, ended[0])
+        out.append(Pending(seq, (token,), len(seq.output) - 1, ended is not None))
+
+    def _fail(self, seq: Sequence, exc: Exception, out: list[Pending], *, release: bool = True) -> None:
         seq.failure = exc
         seq.error = f"{type(exc).__name__}: {exc}"
         log.warning("event=request_failed request_id=%s error=%r", seq.id, seq.error)
-        self._finish(seq, FinishReason.ERROR, out)
+        self._finish(seq, FinishReason.ERROR, release=release)
+        out.append(Pending(seq, (), len(seq.output), True))
 
-    def _finish(self, seq: Sequence, reason: FinishReason, out: list[StepOutput], new: tuple[int, ...] = (),
-                stop: Stop | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, *, release: bool = True) -> None:
+        """End ``seq``; its lane and block go now, or (``release`` false: a running step may still write into
+        the block) when the next step is applied."""
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
+            reason, "requests_finished")
+        self.counters[key] += 1
+        if release:
+            self._release(seq)
+        else:
+            self._unreleased.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        assert seq.finish_reason is not None
         if self.connector is not None:
-            self.connector.request_finished(seq, reason)
+            self.connector.request_finished(seq, seq.finish_reason)
         if seq.block is not None:
             # After an error the block's KV may be half written: never cache it.
-            valid = None if reason is FinishReason.ERROR else seq.tokens[: seq.computed]
+            valid = None if seq.finish_reason is FinishReason.ERROR else seq.tokens[: seq.computed]
             self.kv.release(seq.id, valid)
             seq.block = None
         if seq.lane is not None and self.lanes[seq.lane] is seq:
             self.lanes[seq.lane] = None
-        seq.status = Status.FINISHED
-        seq.finish_reason = reason
-        if stop is not None and reason is FinishReason.STOP:
-            seq.stop_reason, seq.stop_text = stop.stop_reason, stop.text
-        seq.text = stop.text if stop is not None and stop.text is not None else self.outputs.text(seq)
-        key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
-            reason, "requests_finished")
-        self.counters[key] += 1
-        out.append(self.outputs.emit(seq, new))

@@ -91,8 +91,8 @@ def _load_settings(path: str, role: str | None):  # noqa: ANN202 - EngineSetting
     settings = EngineSettings.load(path)
     if role is not None and (error := role_backend_error(role, settings.backend)):
         raise ValueError(error)
-    if role == "decode" and not settings.local_prefill and not settings.prefill_workers:
-        raise ValueError("--role decode with localPrefill: false needs prefillWorkers (host:port)")
+    # localPrefill: false without prefillWorkers is refused by the settings themselves (limits.py's
+    # remote-prefill-needs-worker rule, the same the webhook and the CRD apply).
     return settings
 
 

@@ -16,10 +16,12 @@ import torch
 
 from atom_engine import limits
 from atom_engine.batcher import Batcher
+from atom_engine.capabilities import Capabilities
 from atom_engine.errors import RequestRejected
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import KVConnector
 from atom_engine.model_stack import ModelStack
+from atom_engine.overlap import OverlappedSteps
 from atom_engine.sequence import SamplingParams, Sequence, StepOutput
 from atom_engine.settings import EngineSettings
 
@@ -63,13 +65,22 @@ class LLMEngine:
             detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
             speculative_tokens=self.runner.speculative_tokens,
         )
+        # Overlapped: a host thread makes a step's outputs while the device runs the next one; only where the
+        # backend has a device of its own (on the cpu backend both would share the same cores). Off, plan, run,
+        # apply and outputs follow each other (Batcher.step).
+        overlap = settings.overlap_scheduling and self.runner.capabilities.devices > 0
+        self._overlap = OverlappedSteps(self.batcher, self.runner) if overlap else None
         self._step_lock = threading.Lock()
 
     def warm(self) -> None:
         """Run the graphs once before serving, so the first request does not pay for it. Decode writes into a
         free block (its contents mean nothing until a prefill or import overwrites them), prefill into scratch."""
-        probe = Sequence("warm-up", [0], SamplingParams(max_tokens=1), block=self.kv.free[0])
-        self.runner.decode([probe] + [None] * (self.settings.lanes - 1))
+        block = self.kv.allocate("warm-up").block
+        try:
+            probe = Sequence("warm-up", [0], SamplingParams(max_tokens=1), block=block)
+            self.runner.decode([probe] + [None] * (self.settings.lanes - 1))
+        finally:
+            self.kv.release("warm-up")
         if self.settings.local_prefill:
             self.runner.prefill_logits(SCRATCH_BLOCK, 0, [0])
 
@@ -95,11 +106,16 @@ class LLMEngine:
         self.batcher.cancel(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.batcher.has_work()
+        return self.batcher.has_work() or (self._overlap is not None and self._overlap.holding)
 
     def step(self) -> list[StepOutput]:
         with self._step_lock:
-            return self.batcher.step()
+            return self.batcher.step() if self._overlap is None else self._overlap.step()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this engine's backend can do (prompt logprobs, drafts, mixed steps, KV transfer, devices)."""
+        return self.runner.capabilities
 
     @property
     def speculative_tokens(self) -> int:
@@ -109,7 +125,7 @@ class LLMEngine:
     @property
     def stalled(self) -> bool:
         """The last step had nothing to compute: every lane waits (for a shipment, a staging slot)."""
-        return not self.batcher.last_plan.runs_forward
+        return not self.batcher.last_plan.runs_forward and not (self._overlap is not None and self._overlap.holding)
 
     def output(self, seq: Sequence) -> RequestOutput:
         """A finished request's result (for in-process callers: tests, benchmarks, :meth:`generate`)."""
@@ -122,7 +138,7 @@ class LLMEngine:
         prompts = list(prompts)
         per = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, per, strict=True)]
-        while not all(s.finished for s in seqs):
+        while not all(s.output_done for s in seqs):  # overlapped, the last outputs come a step after the end
             self.step()
         return [self.output(s) for s in seqs]
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from atom_engine.capabilities import Capabilities
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.sequence import Sequence
 from atom_engine.step_plan import Chunk, StepPlan, StepResult
@@ -22,7 +23,10 @@ T = TypeVar("T")
 
 
 class Runner(Protocol):
-    """The forwards a plan runs on. Implementations own all device tensors."""
+    """The forwards a plan runs on. Implementations own all device tensors; ``capabilities`` says which of the
+    optional forwards (``verify``, ``mixed``) they have."""
+
+    capabilities: Capabilities
 
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
         """Compute the KV of ``tokens`` at positions ``start..`` into ``seq.block``; if ``last``, sample and

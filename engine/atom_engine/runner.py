@@ -8,6 +8,7 @@ import time
 import torch
 
 from atom_engine.artifacts import build_backend
+from atom_engine.capabilities import Capabilities
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.model.llama import LlamaForCausalLM
@@ -24,12 +25,10 @@ class ModelRunner:
         self.chunk = min(settings.prefill_chunk, model.max_seq_len)
         self.backend = build_backend(settings, model, self.chunk)  # loads or compiles (and saves) the graphs
         self.forward_seconds = 0.0  # time inside graphs, for the engine-overhead figure
+        self.capabilities: Capabilities = self.backend.capabilities
         # Draft tokens a decode step may verify per lane; 0 where the backend's decode graph takes one token per
         # lane (the NPU backends compile [lanes, 1]).
-        self.speculative_tokens = settings.speculative_tokens if getattr(self.backend, "verifies_drafts", False) else 0
-        # Whether a decode step may carry prefill chunks in its forward (mixed); the NPU backends' graphs are
-        # compiled for one or the other.
-        self.mixes_prefill = bool(getattr(self.backend, "mixes_prefill", False))
+        self.speculative_tokens = settings.speculative_tokens if self.capabilities.verify else 0
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
@@ -49,9 +48,8 @@ class ModelRunner:
         """One prefill chunk into ``block``; the ``[vocab]`` logits of its last token (a prefill worker ships
         them so the decode side samples the first token with the request's own generator), or with
         ``every_token`` the ``[n, vocab]`` logits of each of its tokens (prompt logprobs)."""
-        if every_token and not getattr(self.backend, "every_token_logits", False):
-            name = type(self.backend).__name__
-            raise RuntimeError(f"prompt logprobs need a backend that returns every token's logits; {name} does not")
+        if every_token:
+            self._require("every_token_logits", "prompt logprobs need every prompt token's logits")
         self._check_chunk(tokens)
         n, c = len(tokens), self.chunk
         ids = torch.zeros(1, c, dtype=torch.long)
@@ -68,6 +66,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, batch: list[Sequence | None]) -> list[int | None]:
+        self._require("decode", "a decode step")
         if len(batch) != self.lanes:
             raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)}")
         # Built from lists: one tensor each, not one small tensor write per lane.
@@ -85,6 +84,7 @@ class ModelRunner:
         last token and its draft at positions ``seq.computed..``; it gets back the draft tokens the model's own
         argmax agrees with, in order up to the first that differs, then the model's next token. Greedy gives what
         one-token steps would; a lane with no draft samples its one token as a decode step does."""
+        self._require("verify", "a decode step with drafts")
         self._check_drafts(batch, drafts)
         t = 1 + max(len(d) for d in drafts)
         ids, positions, slots = [], [], []
@@ -114,6 +114,7 @@ class ModelRunner:
         :meth:`prefill`: ``(seq, start, tokens, last)``, no prompt logprobs) in one forward, on a backend that
         ``mixes_prefill``: the weights are read once for both, instead of once more for every prefill. Returns
         verify's per-lane tokens and, per chunk, its prompt's first output token (None if not ``last``)."""
+        self._require("mixed", "a decode step that carries prefill chunks")
         self._check_drafts(batch, drafts)
         ids: list[int] = []
         positions: list[int] = []
@@ -142,6 +143,9 @@ class ModelRunner:
         firsts = [sample(logits[decoded + i], seq) if last else None
                   for i, (seq, _, _, last) in enumerate(chunks)]
         return self._accept(batch, drafts, logits), firsts
+
+    def _require(self, capability: str, why: str) -> None:
+        self.capabilities.require(self.backend.name, capability, why)
 
     def _check_chunk(self, tokens: list[int]) -> None:
         if not 0 < len(tokens) <= self.chunk:

@@ -128,6 +128,7 @@ class Sequence:
     cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
     text: str | None = None  # the final output text, set when the request ends (with a tokenizer)
+    output_done: bool = False  # its last StepOutput was made
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
     constraint: Any = None  # the grammar's state for this request (structured outputs), owned by the sampler
 

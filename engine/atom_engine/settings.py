@@ -44,6 +44,11 @@ class EngineSettings(BaseModel):
         " one-token steps give. A request's drafts grow while the model keeps them and shrink when it does not."
         " 0: off. Backends whose decode graph takes one token per lane (atom) decode without drafts.",
     )
+    overlap_scheduling: bool = Field(
+        True, description="Where the backend has a device of its own (atom): make a step's outputs (text, stop"
+        " strings, logprobs) on a host thread while the device runs the next step (atom_engine.overlap); the"
+        " outputs are the same. false: one step after the other (for debugging). The cpu backend steps serially.",
+    )
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
     dtype: DTypeName = "float32"
     num_devices: int = Field(1, ge=1, le=limits.NPUS_PER_REPLICA_MAX, description="NPUs this engine drives"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from atom_engine.capabilities import Capabilities
 from atom_engine.sequence import Sequence
 
 VOCAB = 50
@@ -36,6 +37,8 @@ def reference(prompt: list[int], max_tokens: int, eos: int | None = None,
 
 
 class FakeRunner:
+    capabilities = Capabilities(verify=True)
+
     def __init__(self, kv_blocks: int, max_seq_len: int, lanes: int,
                  model: Callable[[list[int]], int] = next_token) -> None:
         self.blocks: list[list[int | None]] = [[None] * max_seq_len for _ in range(kv_blocks)]
@@ -108,7 +111,7 @@ class FakeRunner:
 class MixingFakeRunner(FakeRunner):
     """A runner that, as the cpu backend, takes prefill chunks into the decode step's forward (``mixed``)."""
 
-    mixes_prefill = True
+    capabilities = Capabilities(verify=True, mixed=True)
 
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
         super().__init__(*args, **kwargs)

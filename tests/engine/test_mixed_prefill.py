@@ -108,7 +108,7 @@ def test_the_torch_runner_gives_the_same_tokens_mixed_as_apart() -> None:
     def generate(mixes: bool) -> tuple[list, dict[str, int]]:
         engine = LLMEngine(EngineSettings(lanes=3, kv_blocks=8, max_seq_len=96, prefill_chunk=16,
                                           speculative_tokens=3))
-        engine.runner.mixes_prefill = mixes
+        engine.batcher.mixes_prefill = mixes
         seqs = []
         for part in (slice(0, 1), slice(1, None)):  # the first ends before a prompt that extends it (a cache hit)
             seqs += [engine.add_request(p, sp) for p, sp in zip(prompts[part], params[part], strict=True)]

@@ -10,9 +10,11 @@ import dataclasses
 
 import pytest
 import torch
+from atom_engine.backends.cpu_attention import BlockSpan, CpuAttention
+from atom_engine.backends.graphs import ForwardGraph
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model import packed
-from atom_engine.model.llama import BlockSpan, LlamaForCausalLM
+from atom_engine.model.llama import LlamaForCausalLM
 from atom_engine.model.loader import TINY_CONFIG
 from atom_engine.model.packed import onednn_packs
 
@@ -36,7 +38,14 @@ def prefill(m: LlamaForCausalLM, k: torch.Tensor, v: torch.Tensor, block: int, t
     n = len(tokens)
     ids, pos = torch.tensor([tokens]), torch.arange(n)[None]
     slots, blocks = torch.full((1, n), block), torch.tensor([block])
-    return m(ids, pos, slots, blocks, torch.tensor([n - 1]), k, v, [(block, n)] if eager else None)
+    if not eager:
+        return ForwardGraph(m)(ids, pos, slots, blocks, torch.tensor([n - 1]), k, v)
+    return m(ids, pos, slots, torch.tensor([n - 1]), k, v, attention(m, k, v).padded([(block, n)], pos))
+
+
+def attention(m: LlamaForCausalLM, k: torch.Tensor, v: torch.Tensor) -> CpuAttention:
+    """The cpu backend's eager strategies over these caches."""
+    return CpuAttention(k, v, m.cfg.num_heads // m.cfg.num_kv_heads)
 
 
 LAYOUTS = ["onednn", "dense"]
@@ -77,13 +86,13 @@ def test_eager_path_equals_static_graph(overrides: dict, layout: str, lane_block
     ids = torch.randint(0, TINY_CONFIG.vocab_size, (4, 1), generator=g)
     pos = torch.tensor([[lengths.get(b, 0)] for b in lane_blocks])
     blocks = torch.tensor(lane_blocks)
-    a = static(ids, pos, blocks[:, None], blocks, torch.zeros(4, dtype=torch.long), ks, vs)
+    a = ForwardGraph(static)(ids, pos, blocks[:, None], blocks, torch.zeros(4, dtype=torch.long), ks, vs)
     live = [i for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
     idx = torch.tensor(live)
     rows = [(lane_blocks[i], int(pos[i]) + 1) for i in live]
     assert BlockSpan.fits(rows) == (lane_blocks is DECODES["one-call"])
-    b = eager(ids[idx], pos[idx], blocks[idx, None], blocks[idx], torch.zeros(len(live), dtype=torch.long), ke, ve,
-              rows)
+    b = eager(ids[idx], pos[idx], blocks[idx, None], torch.zeros(len(live), dtype=torch.long), ke, ve,
+              attention(eager, ke, ve).padded(rows, pos[idx]))
     torch.testing.assert_close(b, a[idx], rtol=1e-5, atol=1e-5)
     for block, n in lengths.items():  # the KV each path wrote, up to the decoded token
         torch.testing.assert_close(ke[:, block, :, : n + 1], ks[:, block, :, : n + 1], rtol=1e-5, atol=1e-5)
@@ -159,7 +168,7 @@ def test_speculative_step_equals_static_graph(lanes: tuple[list[int], list[int]]
     blocks = torch.tensor(lane_blocks)
     rows = [(b, int(pos[i].max()) + 1) for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
     assert BlockSpan.fits(rows, t) == (lanes is VERIFIES["one-call"])
-    want = static(ids, pos, slots, blocks, torch.arange(t).expand(4, t), ks, vs)
+    want = ForwardGraph(static)(ids, pos, slots, blocks, torch.arange(t).expand(4, t), ks, vs)
     got = backend.verify(ids, pos, slots, blocks)  # the real tokens' logits, lane by lane: pads never computed
     assert got.shape[0] == sum(1 + d for b, d in zip(lane_blocks, drafts, strict=True) if b != SCRATCH_BLOCK)
     row = 0

@@ -55,7 +55,7 @@ def test_execute_returns_each_items_outcome_and_leaves_the_batcher_untouched() -
     result = execute(b.runner, plan)
     assert all(isinstance(t, int) for t in result.chunks)  # each prompt's first token
     assert all(not s.output for s in seqs)  # applied only by apply
-    outs = b.apply(plan, result)
+    outs = b.process(b.apply(plan, result))
     assert [o.new_tokens for o in outs] == [(s.output[0],) for s in seqs]
 
 
@@ -96,12 +96,29 @@ def test_a_failed_mixed_step_is_rewritten_into_its_chunks_alone_and_the_decode_s
     assert decoding.output == reference([1, 2], 8, model=echo_token)
 
 
-def test_the_stop_decision_changes_nothing_on_the_sequence() -> None:
-    outputs = OutputProcessor(lambda ids: "".join(chr(97 + t % 26) for t in ids), eos_token_id=None)
+def test_the_stop_decisions_change_nothing_on_the_sequence() -> None:
+    outputs = OutputProcessor(lambda ids: "".join(chr(97 + t % 26) for t in ids), eos_token_id=9)
     seq = Sequence("r", [1], SamplingParams(max_tokens=5, stop=("cd",)))
     outputs.add(seq)
-    for token in (0, 1, 2, 3):
+    for at, token in enumerate((0, 1, 2, 3)):
         seq.output.append(token)
-        stop = outputs.stop(seq, token)
-    assert stop is not None and (stop.reason, stop.stop_reason, stop.text) == (FinishReason.STOP, "cd", "ab")
+        ended = outputs.token_stop(seq, token)
+        stop = outputs.text_stop(seq, token, at, ended)
+    assert ended is None and stop is not None
+    assert (stop.reason, stop.stop_reason, stop.text) == (FinishReason.STOP, "cd", "ab")
+    seq.output.append(9)
+    assert outputs.token_stop(seq, 9) == (FinishReason.STOP, None)  # EOS: no stop_reason
     assert (seq.finish_reason, seq.stop_reason, seq.stop_text, seq.status) == (None, None, None, Status.WAITING)
+
+
+def test_a_stop_string_inside_an_accepted_draft_drops_the_rest_of_the_draft() -> None:
+    detok = lambda ids: "".join(chr(97 + t % 26) for t in ids)  # noqa: E731
+    full = reference([1, 2, 3, 1, 2, 3], 12, model=echo_token)
+    stop = detok(full[4:6])
+    b = make(speculative_tokens=5, detokenize=detok)
+    s = b.add([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=12, stop=(stop,)))
+    run(b, [s])
+    text = detok(full)
+    assert b.counters["draft_tokens_accepted"] > 0  # the echo model's drafts are kept
+    assert s.stop_text == text[: text.index(stop)] and s.output == full[: len(s.output)]
+    assert detok(s.output).endswith(stop) and b.counters["generation_tokens"] == len(s.output)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -229,7 +230,8 @@ async def test_chat_logprobs_and_top_logprobs(hf, hf_server: str) -> None:
 
 async def test_prompt_logprobs_on_a_backend_without_every_tokens_logits_are_refused() -> None:
     async with in_process("standalone", lanes=1, kv_blocks=2, prefix_cache=False) as (server, url):
-        server.engine.runner.backend.every_token_logits = False  # as a compiled prefill graph (atom)
+        runner = server.engine.runner  # as a compiled prefill graph without every token's logits
+        runner.capabilities = replace(runner.capabilities, every_token_logits=False)
         status, err = await post(url, "/v1/completions", {"model": MODEL, "prompt": "ab", "echo": True,
                                                           "logprobs": 1, "max_tokens": 1})
         assert status == 400 and err["error"]["param"] == "echo" and "last token's logits" in err["error"]["message"]

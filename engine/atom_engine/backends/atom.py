@@ -24,6 +24,7 @@ import torch
 from atom_engine import limits
 from atom_engine.backends.devices import check_fits, visible_devices
 from atom_engine.backends.graphs import CopyBlockGraph, ExportKVGraph, ForwardGraph, ImportKVGraph
+from atom_engine.capabilities import Capabilities
 from atom_engine.dtypes import dtype_name
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.model.llama import LlamaForCausalLM
@@ -57,7 +58,7 @@ def num_devices_kwarg(rebel: Any) -> str:
 
 
 class AtomBackend:
-    every_token_logits = True  # the prefill_all graph: logits_index [1, chunk]
+    name = "atom"
 
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int, lanes: int, chunk: int, num_devices: int = 1,
                  load_from: Path | None = None) -> None:
@@ -76,6 +77,9 @@ class AtomBackend:
         devices = visible_devices(num_devices)
         device: int | list[int] = devices[0] if num_devices == 1 else devices
         self.graphs = self._graph_specs(model, lanes, chunk)
+        # The prefill_all graph takes logits_index [1, chunk]; the decode graph one token per lane, and prefill and
+        # decode are separate graphs.
+        self.capabilities = Capabilities(every_token_logits=True, devices=num_devices)
         if load_from is None:
             compiled = self._compile(num_devices)
         else:

@@ -13,27 +13,33 @@ from typing import Any
 
 import torch
 
+from atom_engine.backends.cpu_attention import CpuAttention
 from atom_engine.backends.graphs import CopyBlockGraph
+from atom_engine.capabilities import Capabilities
 from atom_engine.kv_blocks import SCRATCH_BLOCK
-from atom_engine.model.llama import LlamaForCausalLM
+from atom_engine.model.llama import AttentionStrategy, LlamaForCausalLM
 
 
 class CpuBackend:
+    name = "cpu"
+    # Eager torch has no shapes: prefill takes a [1, n] logits_index (prompt logprobs), decode several tokens per
+    # lane (speculation), and a decode step may carry prefill chunks in the same forward (see mixed).
+    capabilities = Capabilities(every_token_logits=True, verify=True, mixed=True)
+
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int) -> None:
         model.pack()
         self.model = model
         self.copy = CopyBlockGraph()
         self.k_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
         self.v_cache = torch.zeros(model.kv_shape(kv_blocks), dtype=model.dtype)
-
-    every_token_logits = True  # prefill takes a [1, n] logits_index (prompt logprobs), eager torch has no shapes
+        self.attention = CpuAttention(self.k_cache, self.v_cache, model.cfg.num_heads // model.cfg.num_kv_heads)
 
     def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                 logits_index: torch.Tensor) -> torch.Tensor:
         n = int(logits_index.max()) + 1
         rows = [(int(blocks[0]), int(positions[0, n - 1]) + 1)]
-        return self.model(ids[:, :n], positions[:, :n], slots[:, :n], blocks, logits_index, self.k_cache,
-                          self.v_cache, rows)
+        return self._run(ids[:, :n], positions[:, :n], slots[:, :n], logits_index, self.attention.padded(
+            rows, positions[:, :n]))
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor,
                logits_index: torch.Tensor) -> torch.Tensor:
@@ -41,15 +47,13 @@ class CpuBackend:
         active = [i for i, b in enumerate(lane_blocks) if b != SCRATCH_BLOCK]
         rows = [(lane_blocks[i], lane_positions[i] + 1) for i in active]
         if len(active) == len(lane_blocks):
-            return self.model(ids, positions, slots, blocks, logits_index, self.k_cache, self.v_cache, rows)
+            return self._run(ids, positions, slots, logits_index, self.attention.padded(rows, positions))
         idx = torch.tensor(active, dtype=torch.long)
-        part = self.model(ids[idx], positions[idx], slots[idx], blocks[idx], logits_index[idx], self.k_cache,
-                          self.v_cache, rows)
+        part = self._run(ids[idx], positions[idx], slots[idx], logits_index[idx],
+                         self.attention.padded(rows, positions[idx]))
         logits = part.new_zeros(len(lane_blocks), part.shape[-1])
         logits[idx] = part
         return logits
-
-    verifies_drafts = True  # decode takes several tokens per lane (speculation): eager torch has no shapes
 
     def verify(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, blocks: torch.Tensor
                ) -> torch.Tensor:
@@ -63,10 +67,9 @@ class CpuBackend:
         ends = (positions.masked_fill(~real, -1).amax(dim=1) + 1).tolist()
         rows = [(int(blocks[i]), ends[i]) for i in active]
         n = sum(counts)
-        return self.model(ids[real][None], positions[real][None], slots[real][None], blocks[active],
-                          torch.arange(n)[None], self.k_cache, self.v_cache, rows, [counts[i] for i in active])[0]
-
-    mixes_prefill = True  # a decode step may carry prefill chunks in the same forward (see mixed)
+        flat = positions[real][None]
+        return self._run(ids[real][None], flat, slots[real][None], torch.arange(n)[None],
+                         self.attention.ragged(rows, flat, [counts[i] for i in active]))[0]
 
     def mixed(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, lanes: list[tuple[int, int]],
               chunks: list[tuple[int, int]]) -> torch.Tensor:
@@ -82,9 +85,12 @@ class CpuBackend:
         for _, count in chunks:
             at += count
             index.append(at - 1)
-        blocks = torch.tensor([block for block, _ in lanes + chunks])
-        return self.model(ids[None], positions[None], slots[None], blocks, torch.tensor(index)[None], self.k_cache,
-                          self.v_cache, rows, [count for _, count in lanes], chunks)[0]
+        attention = self.attention.mixed(rows, positions[None], [count for _, count in lanes], chunks)
+        return self._run(ids[None], positions[None], slots[None], torch.tensor(index)[None], attention)[0]
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, logits_index: torch.Tensor,
+             attention: AttentionStrategy) -> torch.Tensor:
+        return self.model(ids, positions, slots, logits_index, self.k_cache, self.v_cache, attention)
 
     def copy_block(self, src: int, dst: int) -> None:
         self.copy(torch.tensor([src]), torch.tensor([dst]), self.k_cache, self.v_cache)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from atom_engine.model.llama import LlamaForCausalLM
+from atom_engine.model.llama import LlamaForCausalLM, StaticAttention
 
 
 class ForwardGraph(nn.Module):
@@ -20,7 +20,8 @@ class ForwardGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_blocks: torch.Tensor,
                 attn_blocks: torch.Tensor, logits_index: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions, slot_blocks, attn_blocks, logits_index, k_cache, v_cache)
+        return self.model(input_ids, positions, slot_blocks, logits_index, k_cache, v_cache,
+                          StaticAttention(k_cache, v_cache, attn_blocks, positions))
 
 
 class CopyBlockGraph(nn.Module):

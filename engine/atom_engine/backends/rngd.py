@@ -25,6 +25,7 @@ import torch
 
 from atom_engine.backends.rngd_graphs import RngdForwardGraph, forward_example
 from atom_engine.backends.rngd_runtime import PES_PER_RNGD, load_runtime
+from atom_engine.capabilities import Capabilities
 from atom_engine.model.llama import LlamaForCausalLM
 
 log = logging.getLogger("atom_engine.rngd")
@@ -83,6 +84,7 @@ def compile_uncached(ft: Any, exported: Any) -> Any:  # noqa: ANN401 - an ir.Run
 
 
 class RngdBackend:
+    name = "rngd"
     def __init__(self, model: LlamaForCausalLM, *, kv_blocks: int, chunk: int, num_devices: int = 1,
                  pes: int | None = None, load_from: Path | None = None, runtime: Any = None) -> None:  # noqa: ANN401
         ft = import_furiosa()
@@ -108,6 +110,8 @@ class RngdBackend:
         self.inner = self._compile_or_load(ft, exported, load_from)
         compiled = self._compile_module(exported)
         self.device = "furiosa:0"  # fused over all numDevices RNGD: one logical device
+        # One compiled prefill graph (last-token logits); prefill workers never decode.
+        self.capabilities = Capabilities(decode=False, devices=num_devices)
         self.module = self.rt.module(compiled, program).to(self.device)
         self.kv = [self.rt.zeros(self.kv_shape, model.dtype, self.device) for _ in range(2 * self.num_layers)]
 

@@ -195,8 +195,7 @@ class OpenAIRoutes:
         static-shape prefill graph returns only the last token's (refused here, not failed later)."""
         if params.prompt_logprobs is None or not self.engine.settings.local_prefill:
             return  # remote prefill: the worker's backend decides (a refusal there fails the request)
-        backend = self.engine.runner.backend
-        if not getattr(backend, "every_token_logits", False):
+        if not self.engine.capabilities.every_token_logits:
             raise ApiError(400, f"echo with logprobs (prompt logprobs): the {self.engine.settings.backend} backend's"
                            " prefill returns only the last token's logits", param="echo", code="invalid_value")
 

@@ -197,12 +197,17 @@ def test_decode_settings_name_the_headless_prefill_service() -> None:
     children = by_kind(owner(**PD))
     decode = yaml.safe_load(children[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
     prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
-    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8000"
+    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8001"  # the workers' KV port (pdKvPort)
     assert decode["localPrefill"] is False and decode["prefetchNext"] is True and decode["backend"] == "atom"
     assert "prefillWorkers" not in prefill and prefill["backend"] == "rngd"
     assert EngineSettings.model_validate(decode).lanes == 1
     headless = children[("Service", "llm-prefill")]
     assert headless["spec"]["clusterIP"] == "None"
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in headless["spec"]["ports"]} == {
+        "http": (8000, "http"), "kv": (8001, "kv")}
+    ports = {p["name"]: p["containerPort"]
+             for p in children[("Deployment", "llm-prefill")]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"http": 8000, "metrics": 9090, "kv": EngineSettings().pd_kv_port}
     assert headless["spec"]["selector"]["app.kubernetes.io/component"] == "prefill"
 
 
@@ -315,7 +320,8 @@ def test_network_policies_let_clients_reach_decode_and_only_decode_reach_prefill
     decode, prefill = policies["llm"], policies["llm-prefill"]
     assert decode["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "decode"
     assert all("from" not in rule for rule in decode["ingress"])  # any client
-    http = next(r for r in prefill["ingress"] if r["ports"] == [{"port": 8000, "protocol": "TCP"}])
+    http = next(r for r in prefill["ingress"] if {"port": 8000, "protocol": "TCP"} in r["ports"])
+    assert http["ports"] == [{"port": 8000, "protocol": "TCP"}, {"port": 8001, "protocol": "TCP"}]  # HTTP, KV
     assert http["from"] == [{"podSelector": {"matchLabels": decode["podSelector"]["matchLabels"]}}]
     assert not any(c["kind"] == "NetworkPolicy" for c in build_children(owner(**PD), DEFAULTS).desired)
     assert ("NetworkPolicy", "llm-prefill") in build_children(owner(), with_policy).absent

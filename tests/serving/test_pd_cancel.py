@@ -24,7 +24,7 @@ from tests.serving.conftest import (
     scrape,
     wait_metrics,
 )
-from tests.serving.test_pd import PROMPTS, complete_all, decode_settings
+from tests.serving.test_pd import PROMPTS, complete_all, decode_settings, open_kv
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -47,6 +47,54 @@ async def test_a_cancel_while_the_worker_holds_the_request_reaches_the_worker(
         assert w["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
         (hold_dir / "cancel-reaches").touch()
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], 12)
+
+
+async def test_a_cancel_mid_prefill_stops_the_worker_before_its_next_chunk(prefill_pair: list[Proc]) -> None:
+    worker = prefill_pair[0]
+    prompt = "SLOWLY " + "a long prompt, chunk after chunk. " * 8  # 9 chunks of 32 tokens, each slowed down
+    async with in_process("decode", **decode_settings([worker], False)) as (_s, url):
+        before = await scrape(worker.url)
+        doomed = asyncio.create_task(client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=4))
+        await wait_metrics(worker.url, lambda m: m["atom:prefill_tokens_computed_total"]
+                           > before["atom:prefill_tokens_computed_total"], "the prefill to be under way")
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        w = await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 0, "the worker to let go")
+        assert w["atom:prefills_abandoned_total"] == before["atom:prefills_abandoned_total"] + 1
+        assert w["atom:prefill_tokens_computed_total"] - before["atom:prefill_tokens_computed_total"] < len(prompt)
+        assert w["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
+        assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
+        assert w["atom:kv_blocks_lanes"] == 0
+    assert "Traceback" not in worker.log.read_text()
+
+
+async def test_a_vanished_decoder_s_lease_expires_and_the_worker_reclaims_the_request(
+        prefill_pair: list[Proc], hold_dir: Path) -> None:
+    worker = prefill_pair[1]
+    before = await scrape(worker.url)
+    # The decoder's host is gone without a FIN (its socket stays open here): no heartbeat ever comes.
+    _reader, writer = await open_kv(worker, b"HOLD:vanished; never shipped", "vanished-1", lease=0.3)
+    try:
+        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_leases_expired_total"]
+                               == before["atom:prefill_leases_expired_total"] + 1, "the lease to expire")
+        assert m["atom:prefill_in_flight"] == 0 and m["atom:kv_blocks_lanes"] == 0
+        assert m["atom:prefill_tokens_computed_total"] == before["atom:prefill_tokens_computed_total"]
+        assert m["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
+        assert not writer.is_closing()  # reclaimed by the lease, not by an end of stream
+    finally:
+        writer.close()
+        (hold_dir / "vanished").touch()
+
+
+async def test_a_live_decoder_s_heartbeats_keep_a_slow_request(prefill_pair: list[Proc]) -> None:
+    worker = prefill_pair[0]
+    prompt = "SLOWLY long enough to outlive a short lease, twice over."  # 2 chunks of 0.5 s, lease 0.3 s
+    async with in_process("decode", **decode_settings([worker], False, pd_lease_seconds=0.3)) as (_s, url):
+        before = await scrape(worker.url)
+        assert await complete_all(url, [prompt]) == reference_tokens([prompt], 12)
+        m = await scrape(worker.url)
+        assert m["atom:prefill_leases_expired_total"] == before["atom:prefill_leases_expired_total"]
 
 
 class StubbornClient:

@@ -74,6 +74,8 @@ ATOM = {
     "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
     "atom:prefill_in_flight": ("gauge", "prefill_in_flight", "Prefill requests held: queued, computing or sending."),
     "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
+    "atom:prefill_leases_expired": ("counter", "prefill_leases_expired", "Requests dropped: their decoder stopped"
+                                    " renewing its lease (no heartbeat)."),
 }
 
 

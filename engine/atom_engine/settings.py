@@ -31,6 +31,11 @@ class EngineSettings(BaseModel):
     prefix_cache: bool = True
     local_prefill: bool = True
     prefetch_next: bool = False
+    remote_prefill_min_tokens: int = Field(
+        limits.REMOTE_PREFILL_MIN_TOKENS_DEFAULT, ge=0, le=limits.REMOTE_PREFILL_MIN_TOKENS_MAX,
+        description="With localPrefill and prefillWorkers: a prompt whose uncached suffix has at least this many"
+        " tokens is prefilled by a worker, a shorter one here (and every one while the prefill pool is down).",
+    )
     prefill_workers: str | None = Field(
         None,
         description="host:port of the prefill workers' KV transport (pdKvPort; a headless Service name resolves to"

@@ -199,6 +199,7 @@ def test_decode_settings_name_the_headless_prefill_service() -> None:
     prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
     assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8001"  # the workers' KV port (pdKvPort)
     assert decode["localPrefill"] is False and decode["prefetchNext"] is True and decode["backend"] == "atom"
+    assert decode["remotePrefillMinTokens"] == prefill["remotePrefillMinTokens"] == 512  # the engine's default
     assert "prefillWorkers" not in prefill and prefill["backend"] == "rngd"
     assert EngineSettings.model_validate(decode).lanes == 1
     headless = children[("Service", "llm-prefill")]
@@ -389,3 +390,13 @@ def test_engine_pods_get_their_cpu_limit_and_request_and_the_roles_cpu_threads()
     decode = yaml.safe_load(kids[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
     prefill = yaml.safe_load(kids[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
     assert decode["cpuThreads"] == 3 and "cpuThreads" not in prefill  # unset: the engine reads the allowance
+
+
+def test_selective_pd_renders_the_decode_pods_threshold_and_leaves_the_prefill_pods_alone() -> None:
+    spec = {"decode": {"localPrefill": True, "remotePrefillMinTokens": 96}, "prefill": {"replicas": 1}}
+    children = by_kind(owner(**spec))
+    decode = yaml.safe_load(children[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
+    prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
+    assert decode["localPrefill"] is True and decode["remotePrefillMinTokens"] == 96
+    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8001"
+    assert prefill["remotePrefillMinTokens"] == EngineSettings().remote_prefill_min_tokens  # no roll of prefill pods

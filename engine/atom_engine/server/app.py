@@ -151,14 +151,14 @@ class OpenAIServer(EngineServer):
         from atom_engine.server.engine_loop import AsyncEngine
 
         s = self.settings
-        connector = None
-        if not s.local_prefill:
+        connector = remote = None
+        if s.prefill_workers:  # remote-only PD, or selective with localPrefill
             from atom_engine.kv_blocks import SourceSlots
             from atom_engine.pd.client import PrefillClient
             from atom_engine.pd.remote import RemoteConnector, RemotePrefill
+            from atom_engine.pd.selective import SelectiveConnector
             from atom_engine.pd.transport import Timeouts
 
-            assert s.prefill_workers, "settings validation requires prefillWorkers without local prefill"
             self.client = PrefillClient(
                 s.prefill_workers, attempts=s.pd_attempts, unavailable_wait=s.pd_unavailable_wait_seconds,
                 resolve_interval=s.pd_resolve_interval_seconds,
@@ -167,16 +167,18 @@ class OpenAIServer(EngineServer):
             )
             await self.client.start()
             # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
-            connector = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
-                                        prefetch_next=s.prefetch_next)
+            remote = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
+                                     prefetch_next=s.prefetch_next)
+            connector = remote if not s.local_prefill else SelectiveConnector(
+                remote, self.client.breaker, min_tokens=s.remote_prefill_min_tokens)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
         await loop.run_in_executor(self.compute, engine.warm)
         # Drafts are verified only where the backend can (cpu): say what this engine actually does.
         log.info("event=engine_loaded speculative_tokens=%d", engine.speculative_tokens)
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
-        if connector is not None:
-            connector.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
+        if remote is not None:
+            remote.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
         self.aengine.start()
         self.routes = OpenAIRoutes(engine, self.aengine, self.metrics)
 

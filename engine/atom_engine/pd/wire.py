@@ -9,20 +9,22 @@ Kinds: ``ATKQ`` a prefill request (decoder to worker: request_id, prompt_token_i
 lease_seconds), ``ATKP`` a ping (either way: "are you ready"), ``ATKE`` an error (worker to decoder: status,
 message, code), ``ATKV`` a KV frame (worker to decoder), whose header is
 
-    request_id, start, token_ids, dtype, kv_layout, k_shape, v_shape, logits_dtype, logits_shape, payload_bytes,
-    payload_xxh3; prompt_logprobs when the decode side asked for them
+    request_id, start, tokens (n), tokens_xxh3 (of the token ids as int64 LE), dtype, kv_layout, k_shape, v_shape,
+    logits_dtype, logits_shape, payload_bytes, payload_xxh3; prompt_logprobs when the decode side asked for them
 
 and which is followed by its payload: K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], raw
 bytes, C order, little endian. After a request the decoder sends one heartbeat byte (:data:`HEARTBEAT`) every
 so often until the frame starts: the worker's lease on the request (see :mod:`atom_engine.pd.tcp`).
 
-``n == len(token_ids)``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not
-cached). The logits are those of the prompt's last token, so the decode side samples the first output token with
-the request's own generator (seeded sampling stays exact under PD). The receiver checks every field against
-what it asked for before it reads the payload, and the checksum after: a frame that fails is refused whole.
+``n``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not cached), named
+by their count and checksum rather than listed (the decoder knows what it asked for; a 16K-token list cost
+milliseconds of JSON on the frame's critical path). The logits are those of the prompt's last token, so the
+decode side samples the first output token with the request's own generator (seeded sampling stays exact under
+PD). The receiver checks every field against what it asked for before it reads the payload, and the checksum
+after: a frame that fails is refused whole.
 Checksums are xxh3-64 (``xxhash``), fast enough not to bound the transfer as zlib's CRC32 did (docs/pd.md).
 
-A request with prompt logprobs (echo) gets them in the header, one per token of ``token_ids`` (``null`` for the
+A request with prompt logprobs (echo) gets them in the header, one per shipped token (``null`` for the
 prompt's first), each ``[token, logprob, rank, [[token, logprob], ...]]``; JSON floats round-trip exactly, so
 they equal the ones a local prefill computes.
 
@@ -110,6 +112,10 @@ def _raw(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().contiguous().view(torch.uint8).numpy()).cast("B")
 
 
+def tokens_xxh3(token_ids: list[int]) -> int:
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(token_ids)}q", *token_ids))
+
+
 def message(kind: bytes, header: dict[str, Any]) -> bytes:
     """A message's prefix and header."""
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -123,7 +129,8 @@ def encode(ship: Shipment) -> tuple[bytes, list[memoryview]]:
     for p in parts:
         hasher.update(p)
     header = {
-        "request_id": ship.request_id, "start": ship.start, "token_ids": ship.token_ids,
+        "request_id": ship.request_id, "start": ship.start, "tokens": len(ship.token_ids),
+        "tokens_xxh3": tokens_xxh3(ship.token_ids),
         "dtype": dtype_name(ship.k.dtype), "kv_layout": KV_LAYOUT, "k_shape": list(ship.k.shape),
         "v_shape": list(ship.v.shape),
         "logits_dtype": "float32", "logits_shape": list(ship.logits.shape),
@@ -176,15 +183,16 @@ async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | None = 
                               f" {KV_LAYOUT!r}")
     kv_shape = [expect.layers, expect.kv_heads, n, expect.head_dim]
     want = {
-        "request_id": expect.request_id, "start": expect.start, "token_ids": expect.token_ids,
+        "request_id": expect.request_id, "start": expect.start, "tokens": n,
+        "tokens_xxh3": tokens_xxh3(expect.token_ids),
         "k_shape": kv_shape, "v_shape": kv_shape,
         "logits_dtype": "float32", "logits_shape": [expect.vocab],
     }
     for key, value in want.items():
         if h.get(key) != value:
-            got = h.get(key)
-            shown = f"{len(got)} ids" if key == "token_ids" and isinstance(got, list) else repr(got)
-            raise CorruptTransfer(f"KV frame field {key} is {shown}; expected {value if key != 'token_ids' else n}")
+            if key == "tokens_xxh3":
+                raise CorruptTransfer("KV frame field tokens_xxh3 does not match: the KV of other tokens")
+            raise CorruptTransfer(f"KV frame field {key} is {h.get(key)!r}; expected {value!r}")
     prompt_logprobs = _lp_in(h.get("prompt_logprobs"), n) if expect.prompt_logprobs is not None else None
     kv_bytes = expect.layers * expect.kv_heads * n * expect.head_dim * expect.dtype.itemsize
     total = 2 * kv_bytes + 4 * expect.vocab

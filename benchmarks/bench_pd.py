@@ -11,6 +11,7 @@
 2. **TTFT.** SmolLM2-135M bfloat16: a decode server with one prefill worker (remote-only) against a standalone
    server, at concurrency 1 and 4, streaming, time to the first token at the client; p50/p90, and whether every
    request got the same tokens from both (a negative control shows the comparison sees a difference).
+3. **B1 prefetch** on SmolLM2: one decode lane, prefetch off and on, concurrency 4.
 
 Writes benchmarks/results/pd.md. Not a test.
 
@@ -41,7 +42,7 @@ import yaml
 from atom_engine.model import builtin
 from atom_engine.model.config import ModelConfig
 from atom_engine.model.loader import TINY_CONFIG
-from atom_engine.pd.tcp import TcpTransport
+from atom_engine.pd.tcp import SOCKET_BUFFER, TcpTransport
 from atom_engine.pd.transport import PrefillRequest, Timeouts
 from atom_engine.pd.wire import PREFIX, Expect
 
@@ -109,9 +110,12 @@ def model_config(source: str) -> ModelConfig:
 
 def plain_receive(port: int, n: int, buffer: bytearray) -> float:
     """The baseline: ``n`` bytes from the worker process's plain socket into ``buffer``; first byte to last. The
-    first read takes a frame prefix's size, as the engine's does, so both clocks start at the same point."""
+    socket buffers are the ones the engine's transport asks for, and the first read takes a frame prefix's size,
+    as the engine's does, so both clocks start at the same point."""
     view = memoryview(buffer)[:n]
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)  # as the engine's transport asks
+        s.connect(("127.0.0.1", port))
         s.sendall(struct.pack("<Q", n))
         got = s.recv_into(view, PREFIX.size)
         start = time.perf_counter()
@@ -228,6 +232,37 @@ async def ttft_rows(tmp: Path, requests: int, prompt_tokens: int) -> tuple[list[
     return rows, same
 
 
+async def prefetch_rows(tmp: Path, requests: int, prompt_tokens: int, max_tokens: int) -> tuple[list[dict], bool]:
+    """B1 prefetch on SmolLM2: one decode lane, remote-only, prefetch off and on, interleaved twice."""
+    cfg = model_config(SMOL)
+    base = {"modelName": "m", "modelSource": SMOL, "dtype": "bfloat16", "maxSeqLen": 2048, "prefillChunk": 256}
+    kv_port = free_port()
+    worker = Server(tmp, "b1-prefill", "prefill", {**base, "lanes": 1, "kvBlocks": 2, "prefixCache": False,
+                                                   "pdKvPort": kv_port})
+    decoders = {flag: Server(tmp, f"b1-decode-{flag}", "decode", {
+        **base, "lanes": 1, "kvBlocks": 2, "prefixCache": False, "localPrefill": False,
+        "prefillWorkers": f"127.0.0.1:{kv_port}", "prefetchNext": flag}) for flag in (False, True)}
+    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    outputs: dict[bool, list[list[int]]] = {}
+    try:
+        await asyncio.gather(worker.ready(), *(d.ready() for d in decoders.values()))
+        rng = random.Random(2)
+        prompts = [[rng.randrange(cfg.vocab_size) for _ in range(prompt_tokens)] for _ in range(requests)]
+        for _ in range(2):
+            for flag, server in decoders.items():
+                start = time.perf_counter()
+                times, tokens = await ttft(server.url, prompts, 4, max_tokens)
+                runs[flag].append((requests * max_tokens / (time.perf_counter() - start), pct(times, 0.5) * 1e3))
+                outputs[flag] = tokens
+                print({"prefetch": flag, "tok/s": runs[flag][-1][0], "ttft_p50": runs[flag][-1][1]}, flush=True)
+    finally:
+        for s in (*decoders.values(), worker):
+            s.stop()
+    rows = [{"prefetch": flag, "tps": statistics.median(t for t, _ in r), "ttft": statistics.median(p for _, p in r),
+             "tps_min": min(t for t, _ in r), "tps_max": max(t for t, _ in r)} for flag, r in runs.items()]
+    return rows, outputs[False] == outputs[True]
+
+
 def load_average() -> str:
     try:
         return Path("/proc/loadavg").read_text().split()[0]
@@ -242,6 +277,7 @@ async def bench(args: argparse.Namespace) -> str:
         transport = [*await transport_rows(tmp, "builtin:tiny", "float32", args.rounds),
                      *await transport_rows(tmp, SMOL, "bfloat16", args.rounds)]
         ttfts, same = await ttft_rows(tmp, args.requests, args.prompt_tokens)
+        b1, b1_same = await prefetch_rows(tmp, args.requests, args.prompt_tokens // 2, 32)
         load_after = load_average()
     lines = [
         "# PD disaggregation benchmark",
@@ -255,8 +291,8 @@ async def bench(args: argparse.Namespace) -> str:
         " benchmark process as the decode side. Each row: prompts of that many random tokens, a fetch through the"
         " engine's KV transport (plain TCP, the frame received into a slot buffer, xxh3-64 checked) and a"
         " plain-socket transfer of the same bytes between the same two processes (`sendall` / `recv_into` a"
-        " preallocated buffer), interleaved; GB/s over first byte to last byte (the prefill excluded); ratio ="
-        " median of the pairs' engine/plain ratios.",
+        " preallocated buffer, the same socket buffer sizes), interleaved; GB/s over first byte to last byte (the"
+        " prefill excluded); ratio = median of the pairs' engine/plain ratios.",
         "",
         "| model | dtype | prompt tokens | frame MB | rounds | engine GB/s | plain socket GB/s | ratio | ratio"
         " min..max |",
@@ -276,6 +312,19 @@ async def bench(args: argparse.Namespace) -> str:
         "",
         f"Same tokens from PD and standalone for every request: {'yes' if same else 'NO'} (a negative control,"
         " each request's tokens against another request's, found them different, as it must).",
+        "",
+        "## B1 prefetch on SmolLM2",
+        "",
+        f"One decode lane, remote-only, one prefill worker; {args.requests} requests of {args.prompt_tokens // 2}"
+        " random prompt tokens, 32 output tokens, concurrency 4, streaming; prefetchNext off and on interleaved,"
+        " two rounds each, medians.",
+        "",
+        "| prefetch | output tok/s | rounds min..max | TTFT p50 ms |",
+        "|---|---:|---:|---:|",
+        *[f"| {'on' if r['prefetch'] else 'off'} | {r['tps']:.1f} | {r['tps_min']:.1f}..{r['tps_max']:.1f} |"
+          f" {r['ttft']:.0f} |" for r in b1],
+        "",
+        f"Same tokens with prefetch off and on: {'yes' if b1_same else 'NO'}.",
         "",
     ]
     return "\n".join(lines)

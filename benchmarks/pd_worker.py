@@ -1,7 +1,8 @@
 """A prefill worker for bench_pd.py with a plain-socket baseline beside it in the same process: ``python
 benchmarks/pd_worker.py BASELINE_PORT serve --role prefill ...``. The baseline thread answers each connection's
-8-byte little-endian length with that many bytes from a preallocated buffer (``sendall``), so the benchmark can
-set the engine's KV transport beside a plain socket between the same two processes. Not part of the engine."""
+8-byte little-endian length with that many bytes from a preallocated buffer (``sendall``, the socket buffer the
+engine's transport asks for), so the benchmark can set the engine's KV transport beside a plain socket between
+the same two processes. Not part of the engine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import socket
 import struct
 import sys
 import threading
+
+from atom_engine.pd.tcp import SOCKET_BUFFER
 
 _buffer = bytearray()
 _lock = threading.Lock()
@@ -28,6 +31,7 @@ def serve_baseline(port: int) -> None:
 
     def one(conn: socket.socket) -> None:
         with conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)  # as the engine's transport asks
             (n,) = struct.unpack("<Q", conn.recv(8, socket.MSG_WAITALL))
             conn.sendall(payload(n))
 

@@ -11,9 +11,11 @@ import pytest
 import torch
 from atom_engine.kv_blocks import SourceSlots
 from atom_engine.pd.remote import RemoteConnector, RemotePrefill
+from atom_engine.pd.wire import PREFIX
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence
 
 from tests.serving.conftest import (
+    BASE,
     MODEL,
     Proc,
     assert_no_block_leaked,
@@ -22,7 +24,9 @@ from tests.serving.conftest import (
     in_process,
     reference_tokens,
     scrape,
+    spawn,
     wait_metrics,
+    wait_ready_sync,
 )
 from tests.serving.test_pd import PROMPTS, complete_all, decode_settings, open_kv
 
@@ -131,3 +135,22 @@ async def test_a_cancelled_fetch_keeps_its_slot_until_it_has_stopped() -> None:
             break
         await asyncio.sleep(0.02)
     assert connector.slots.held() == 0 and not connector.busy()
+
+
+async def test_a_decoder_gone_mid_send_is_one_info_line_on_the_worker(tmp_path: Path) -> None:
+    # A frame larger than the sockets' buffers (16K tokens of the tiny model: 8 MB), and a decoder that reads its
+    # first bytes and dies: the send fails half way.
+    settings = {**BASE, "max_seq_len": 16384 + 64, "prefill_chunk": 1024, "lanes": 1, "kv_blocks": 2,
+                "prefix_cache": False}
+    worker = spawn(tmp_path, "big-frames", "prefill", settings)
+    try:
+        await asyncio.to_thread(wait_ready_sync, worker)
+        reader, writer = await open_kv(worker, bytes(i % 200 + 32 for i in range(16384)), "dies-mid-send", 120)
+        assert (await asyncio.wait_for(reader.readexactly(PREFIX.size), 120))[:4] == b"ATKV"  # the send started
+        writer.transport.abort()  # the decoder dies (a reset: its unread bytes are dropped)
+        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1, "the send to fail")
+        assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 8 << 20
+        log = worker.log.read_text()
+        assert log.count("event=prefill_send_failed") == 1 and "Traceback" not in log, log[-3000:]
+    finally:
+        worker.kill()

@@ -133,7 +133,7 @@ class PrefillService:
                 log.warning("event=prefill_failed request_id=%s error=%r", job.request_id, exc)
                 await conn.send_error(500, f"prefill failed: {exc}", "prefill_failed", self.send_timeout)
                 return
-            if encoded is None:  # the decoder left just as the compute finished
+            if encoded is None or watcher.done():  # the decoder left just as the compute finished: send nothing
                 log.info("event=prefill_dropped request_id=%s peer=%s reason=decoder gone", job.request_id, conn.peer)
                 return
             head, parts = encoded

@@ -81,8 +81,9 @@ async def test_a_vanished_decoder_s_lease_expires_and_the_worker_reclaims_the_re
     _reader, writer = await open_kv(worker, b"HOLD:vanished; never shipped", "vanished-1", lease=0.3)
     try:
         m = await wait_metrics(worker.url, lambda m: m["atom:prefill_leases_expired_total"]
-                               == before["atom:prefill_leases_expired_total"] + 1, "the lease to expire")
-        assert m["atom:prefill_in_flight"] == 0 and m["atom:kv_blocks_lanes"] == 0
+                               == before["atom:prefill_leases_expired_total"] + 1 and m["atom:prefill_in_flight"] == 0,
+                               "the lease to expire and the worker to let go")
+        assert m["atom:kv_blocks_lanes"] == 0
         assert m["atom:prefill_tokens_computed_total"] == before["atom:prefill_tokens_computed_total"]
         assert m["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
         assert not writer.is_closing()  # reclaimed by the lease, not by an end of stream

@@ -141,7 +141,7 @@ class Batcher:
         for seq in prefilling:
             if any(seq is r for r in riders):
                 continue
-            if self.connector is None:
+            if self.connector is None or not self.connector.ships(seq):
                 chunks.append(self._next_chunk(seq))
             elif (imp := self._poll(seq)) is not None:
                 imports.append(imp)

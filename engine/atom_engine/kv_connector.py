@@ -10,7 +10,8 @@ Shaped as vLLM's KV connector (``vllm/distributed/kv_transfer/kv_connector/v1/ba
 - the worker side, the runner's ``load_kv``: the shipped KV into the lane's block, through the backend, and the
   first output token from the shipped logits, sampled with the request's own generator.
 
-Without a connector the batcher prefills every prompt itself (local prefill). Pure Python: no torch, no HTTP.
+Without a connector the batcher prefills every prompt itself (local prefill); a connector may leave some prompts
+to it too (``ships``: selective disaggregation). Pure Python: no torch, no sockets.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class LoadedKV:
 
 
 class KVConnector(Protocol):
+    def ships(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s prompt KV comes from the connector (False: the batcher prefills it locally)."""
+
     def bind(self, kv: KVBlocks) -> None:
         """The engine's KV block table (where a prefetch pins the prompt's cached prefix)."""
 

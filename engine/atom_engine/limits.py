@@ -31,6 +31,10 @@ CPU_THREADS_MIN = 1
 CPU_THREADS_MAX = 256
 # CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
 CEL_INT_DIGITS = 5
+# Selective PD (localPrefill with prefill workers): uncached prompt tokens from which a worker prefills (below it,
+# the decode pod does); the engine's default and the spec's field share these bounds.
+REMOTE_PREFILL_MIN_TOKENS_DEFAULT = 512
+REMOTE_PREFILL_MIN_TOKENS_MAX = MAX_SEQ_LEN_MAX
 NPUS_PER_REPLICA_MAX = 64  # the most devices one engine drives (settings.numDevices, the spec's npusPerReplica)
 # An ATOM (RBLN-CA) has 16 GiB of DRAM and keeps 288 MiB of it for the system (optimum-rbln 0.12.0,
 # optimum/rbln/utils/runtime_utils.py:48-54); its prefill chunk is a positive multiple of 64

@@ -31,10 +31,15 @@ class EngineSettings(BaseModel):
     prefix_cache: bool = True
     local_prefill: bool = True
     prefetch_next: bool = False
+    remote_prefill_min_tokens: int = Field(
+        limits.REMOTE_PREFILL_MIN_TOKENS_DEFAULT, ge=0, le=limits.REMOTE_PREFILL_MIN_TOKENS_MAX,
+        description="With localPrefill and prefillWorkers: a prompt whose uncached suffix has at least this many"
+        " tokens is prefilled by a worker, a shorter one here (and every one while the prefill pool is down).",
+    )
     prefill_workers: str | None = Field(
         None,
-        description="host:port of the prefill workers (a headless Service name resolves to all of them); several"
-        " host:port entries may be given separated by commas.",
+        description="host:port of the prefill workers' KV transport (pdKvPort; a headless Service name resolves to"
+        " all of them); several host:port entries may be given separated by commas.",
     )
     prefill_chunk: int = Field(64, ge=1, description="Tokens per local prefill step.")
     speculative_tokens: int = Field(
@@ -90,6 +95,16 @@ class EngineSettings(BaseModel):
     )
     pd_send_timeout_seconds: float = Field(
         30.0, gt=0, description="Prefill side: one write to a decoder; a decoder that stops reading is dropped."
+    )
+    pd_kv_port: int = Field(
+        8001, ge=0, le=65535,
+        description="Prefill side: the port of the KV transport (plain TCP) that decode pods fetch KV from; 0 picks"
+        " a free port.",
+    )
+    pd_lease_seconds: float = Field(
+        10.0, ge=0.1, le=300.0,
+        description="Decode side: a prefill worker drops a request it has heard nothing about for this long while"
+        " it is queued or computed (heartbeats renew it), so a decoder that vanished pins nothing there.",
     )
 
     @model_validator(mode="after")

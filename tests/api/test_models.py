@@ -111,6 +111,7 @@ def test_defaults_fill_a_minimal_spec() -> None:
             "kvBlocks": 8,
             "prefixCache": True,
             "localPrefill": True,
+            "remotePrefillMinTokens": 512,
             "speculativeTokens": 5,
         },
         "prefill": {"replicas": 0, "backend": "atom", "npusPerReplica": 1, "prefetchNext": False},

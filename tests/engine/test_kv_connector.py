@@ -37,6 +37,9 @@ class ShippingConnector:
         self.released: list[tuple[str, bool]] = []
         self.ended: list[tuple[str, FinishReason]] = []
 
+    def ships(self, seq: Sequence) -> bool:
+        return True
+
     def bind(self, kv: KVBlocks) -> None:
         self.kv = kv
 

@@ -197,12 +197,18 @@ def test_decode_settings_name_the_headless_prefill_service() -> None:
     children = by_kind(owner(**PD))
     decode = yaml.safe_load(children[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
     prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
-    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8000"
+    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8001"  # the workers' KV port (pdKvPort)
     assert decode["localPrefill"] is False and decode["prefetchNext"] is True and decode["backend"] == "atom"
+    assert decode["remotePrefillMinTokens"] == prefill["remotePrefillMinTokens"] == 512  # the engine's default
     assert "prefillWorkers" not in prefill and prefill["backend"] == "rngd"
     assert EngineSettings.model_validate(decode).lanes == 1
     headless = children[("Service", "llm-prefill")]
     assert headless["spec"]["clusterIP"] == "None"
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in headless["spec"]["ports"]} == {
+        "http": (8000, "http"), "kv": (8001, "kv")}
+    ports = {p["name"]: p["containerPort"]
+             for p in children[("Deployment", "llm-prefill")]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"http": 8000, "metrics": 9090, "kv": EngineSettings().pd_kv_port}
     assert headless["spec"]["selector"]["app.kubernetes.io/component"] == "prefill"
 
 
@@ -315,7 +321,8 @@ def test_network_policies_let_clients_reach_decode_and_only_decode_reach_prefill
     decode, prefill = policies["llm"], policies["llm-prefill"]
     assert decode["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "decode"
     assert all("from" not in rule for rule in decode["ingress"])  # any client
-    http = next(r for r in prefill["ingress"] if r["ports"] == [{"port": 8000, "protocol": "TCP"}])
+    http = next(r for r in prefill["ingress"] if {"port": 8000, "protocol": "TCP"} in r["ports"])
+    assert http["ports"] == [{"port": 8000, "protocol": "TCP"}, {"port": 8001, "protocol": "TCP"}]  # HTTP, KV
     assert http["from"] == [{"podSelector": {"matchLabels": decode["podSelector"]["matchLabels"]}}]
     assert not any(c["kind"] == "NetworkPolicy" for c in build_children(owner(**PD), DEFAULTS).desired)
     assert ("NetworkPolicy", "llm-prefill") in build_children(owner(), with_policy).absent
@@ -383,3 +390,13 @@ def test_engine_pods_get_their_cpu_limit_and_request_and_the_roles_cpu_threads()
     decode = yaml.safe_load(kids[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
     prefill = yaml.safe_load(kids[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
     assert decode["cpuThreads"] == 3 and "cpuThreads" not in prefill  # unset: the engine reads the allowance
+
+
+def test_selective_pd_renders_the_decode_pods_threshold_and_leaves_the_prefill_pods_alone() -> None:
+    spec = {"decode": {"localPrefill": True, "remotePrefillMinTokens": 96}, "prefill": {"replicas": 1}}
+    children = by_kind(owner(**spec))
+    decode = yaml.safe_load(children[("ConfigMap", "llm-decode-config")]["data"]["engine.yaml"])
+    prefill = yaml.safe_load(children[("ConfigMap", "llm-prefill-config")]["data"]["engine.yaml"])
+    assert decode["localPrefill"] is True and decode["remotePrefillMinTokens"] == 96
+    assert decode["prefillWorkers"] == "llm-prefill.ns.svc:8001"
+    assert prefill["remotePrefillMinTokens"] == EngineSettings().remote_prefill_min_tokens  # no roll of prefill pods

@@ -81,6 +81,7 @@ class Proc:
     proc: subprocess.Popen
     port: int
     log: Path
+    kv_port: int | None = None  # a prefill worker's KV transport
 
     @property
     def url(self) -> str:
@@ -88,7 +89,8 @@ class Proc:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """Where a decode pod reaches it (prefillWorkers): a prefill worker's KV port."""
+        return f"127.0.0.1:{self.kv_port or self.port}"
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -97,18 +99,23 @@ class Proc:
 
 
 def spawn(tmp: Path, name: str, role: str, settings: dict, env: dict[str, str] | None = None,
-          port: int | None = None, engine_bin: Path = ENGINE_BIN) -> Proc:
+          port: int | None = None, engine_bin: Path = ENGINE_BIN, faults: str | None = None,
+          kv_port: int | None = None) -> Proc:
+    """``faults``: run it as :mod:`tests.serving.faulty_worker` with those faults armed (prefill role)."""
+    if role == "prefill":
+        kv_port = kv_port or free_port()
+        settings = {**settings, "pd_kv_port": kv_port}
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump({_camel(k): v for k, v in settings.items()}))
     port = port or free_port()
     log = tmp / f"{name}.log"
+    command = [str(engine_bin)] if faults is None else [sys.executable, "-m", "tests.serving.faulty_worker", faults]
     proc = subprocess.Popen(
-        [str(engine_bin), "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1", "--port",
-         str(port)],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [*command, "serve", "--role", role, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
-    return Proc(proc, port, log)
+    return Proc(proc, port, log, kv_port)
 
 
 async def wait_ready(url: str, proc: Proc | None = None, timeout: float = START_TIMEOUT) -> None:
@@ -183,14 +190,19 @@ def hold_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("holds")
 
 
+FAULTS = "fail_marker=FAILME;corrupt_marker=CORRUPT;truncate_marker=TRUNCATE;oversize_marker=OVERSIZE;" \
+         "slow_marker=SLOWLY"
+
+
 @pytest.fixture(scope="session")
 def prefill_pair(tmp_path_factory: pytest.TempPathFactory, hold_dir: Path) -> Iterator[list[Proc]]:
-    """Two prefill workers (subprocesses) for the session, with the test-only markers armed: prompts with
-    FAILME fail (HTTP 500), CORRUPT get a flipped payload byte, HOLD:name; wait for hold_dir/name."""
+    """Two prefill workers (subprocesses) for the session, with the test-only faults armed
+    (:mod:`tests.serving.faulty_worker`): prompts with FAILME fail (status 500), CORRUPT get a flipped payload
+    byte, TRUNCATE half a frame, OVERSIZE a frame claiming 1 GiB, SLOWLY slow prefill chunks; HOLD:name; wait
+    for hold_dir/name."""
     tmp = tmp_path_factory.mktemp("prefill")
-    faults = {"ATOM_ENGINE_FAULTS": f"fail_marker=FAILME;corrupt_marker=CORRUPT;hold_dir={hold_dir}"}
     procs = [spawn(tmp, f"prefill-{i}", "prefill", {**BASE, "lanes": 1, "kv_blocks": 3, "prefix_cache": False},
-                   faults) for i in range(2)]
+                   faults=f"{FAULTS};hold_dir={hold_dir}") for i in range(2)]
     try:
         for p in procs:
             wait_ready_sync(p)

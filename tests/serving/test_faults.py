@@ -31,7 +31,7 @@ PROMPTS = [f"Request number {i} wants its KV shipped." for i in range(6)]
 def stalling_worker(tmp_path: Path) -> Proc:
     """A prefill worker that stops every frame after its first 200 bytes (and is killed by the test)."""
     proc = spawn(tmp_path, "stalling", "prefill", {**BASE, "lanes": 1, "kv_blocks": 3, "prefix_cache": False},
-                 {"ATOM_ENGINE_FAULTS": "stall_after_bytes=200"})
+                 faults="stall_after_bytes=200")
     try:
         wait_ready_sync(proc)
         yield proc

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 import openai
 import pytest
+from atom_engine.pd.wire import REQUEST, message
 
 from tests.serving.conftest import (
     MODEL,
@@ -104,6 +104,36 @@ async def test_a_corrupt_shipment_is_refused_with_503_and_nothing_held(prefill_p
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
 
 
+@pytest.mark.parametrize(("marker", "needle"), [
+    ("TRUNCATE", "the stream ended after"),
+    ("OVERSIZE", "header of 1073741824 bytes exceeds"),
+])
+async def test_a_truncated_or_oversize_frame_is_refused_with_503_and_nothing_held(
+        prefill_pair: list[Proc], marker: str, needle: str) -> None:
+    async with in_process("decode", **decode_settings(prefill_pair[:1], True, pd_attempts=1)) as (_s, url):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model=MODEL, prompt=f"{marker} me", max_tokens=4)
+        assert info.value.status_code == 503 and info.value.body["code"] == "prefill_unavailable"
+        assert needle in info.value.body["message"]
+        m = await wait_metrics(url, idle, "idle")
+        assert_no_block_leaked(m)
+        assert m["vllm:generation_tokens_total"] == 0
+        assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
+
+
+async def test_garbage_on_the_kv_port_is_refused_and_the_worker_serves_on(prefill_pair: list[Proc]) -> None:
+    worker = prefill_pair[0]
+    reader, writer = await asyncio.open_connection("127.0.0.1", worker.kv_port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 8)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)  # an error message, then the worker closes
+    writer.close()
+    assert b"not a KV transport message" in answer
+    async with in_process("decode", **decode_settings([worker], False)) as (_s, url):
+        assert await complete_all(url, PROMPTS[:1]) == reference_tokens(PROMPTS[:1], MAX_TOKENS)
+    assert "Traceback" not in worker.log.read_text()
+
+
 async def test_a_corrupt_shipment_is_retried_on_the_other_worker(prefill_pair: list[Proc]) -> None:
     # Both workers corrupt CORRUPT prompts: the retry fails too and the error names both attempts.
     async with in_process("decode", **decode_settings(prefill_pair, False)) as (_s, url):
@@ -126,22 +156,24 @@ async def test_a_worker_that_does_not_answer_in_time_gives_503_and_frees_everyth
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
 
 
+async def open_kv(worker: Proc, prompt: bytes, request_id: str, lease: float = 10.0
+                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A decoder's connection to a worker's KV port, its request sent (and no heartbeat ever)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", worker.kv_port)
+    writer.write(message(REQUEST, {"request_id": request_id, "prompt_token_ids": list(prompt), "start": 0,
+                                   "prompt_logprobs": None, "lease_seconds": lease}))
+    await writer.drain()
+    return reader, writer
+
+
 async def test_a_decoder_that_goes_away_pins_nothing_on_the_prefill_worker(prefill_pair: list[Proc],
                                                                            hold_dir: Path) -> None:
     worker = prefill_pair[1]
     before = await scrape(worker.url)
-    body = {"request_id": "gone-1", "prompt_token_ids": list(b"HOLD:dead-decoder; a prompt"), "start": 0}
-
-    async def dead_decoder() -> None:
-        async with aiohttp.ClientSession() as s, s.post(f"{worker.url}/v1/kv/prefill", json=body) as r:
-            await r.read()
-
-    task = asyncio.create_task(dead_decoder())
-    await wait_metrics(worker.url, lambda m: m["atom:prefill_requests_total"] > before["atom:prefill_requests_total"],
-                       "the worker to take the request")
-    task.cancel()  # the decoder dies while its KV is being produced
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    _reader, writer = await open_kv(worker, b"HOLD:dead-decoder; a prompt", "gone-1")
+    await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 1, "the worker to take the request")
+    writer.close()  # the decoder dies while its KV is being produced
+    await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 0, "the worker to drop it")
     (hold_dir / "dead-decoder").touch()
     # The worker dropped the work of the dead decoder: nothing computed, no block held, and it serves on.
     async with in_process("decode", **decode_settings([worker], False)) as (_s, url):

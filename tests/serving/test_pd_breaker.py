@@ -61,7 +61,7 @@ async def test_pool_down_fails_every_request_in_one_window_and_a_returning_worke
         assert took < WAIT / 2  # no new window: the pool is known to be down
 
         worker = spawn(tmp_path, "returning", "prefill", {**BASE, "lanes": 1, "kv_blocks": 2,
-                                                         "prefix_cache": False}, port=port)
+                                                         "prefix_cache": False}, kv_port=port)
         try:
             await wait_ready(worker.url, worker)
             await wait_metrics(url, lambda m: m["atom:pd_breaker_state"] == 0, "a probe to close the breaker")

@@ -11,9 +11,11 @@ import pytest
 import torch
 from atom_engine.kv_blocks import SourceSlots
 from atom_engine.pd.remote import RemoteConnector, RemotePrefill
+from atom_engine.pd.wire import PREFIX
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence
 
 from tests.serving.conftest import (
+    BASE,
     MODEL,
     Proc,
     assert_no_block_leaked,
@@ -22,9 +24,11 @@ from tests.serving.conftest import (
     in_process,
     reference_tokens,
     scrape,
+    spawn,
     wait_metrics,
+    wait_ready_sync,
 )
-from tests.serving.test_pd import PROMPTS, complete_all, decode_settings
+from tests.serving.test_pd import PROMPTS, complete_all, decode_settings, open_kv
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -47,6 +51,55 @@ async def test_a_cancel_while_the_worker_holds_the_request_reaches_the_worker(
         assert w["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
         (hold_dir / "cancel-reaches").touch()
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], 12)
+
+
+async def test_a_cancel_mid_prefill_stops_the_worker_before_its_next_chunk(prefill_pair: list[Proc]) -> None:
+    worker = prefill_pair[0]
+    prompt = "SLOWLY " + "a long prompt, chunk after chunk. " * 8  # 9 chunks of 32 tokens, each slowed down
+    async with in_process("decode", **decode_settings([worker], False)) as (_s, url):
+        before = await scrape(worker.url)
+        doomed = asyncio.create_task(client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=4))
+        await wait_metrics(worker.url, lambda m: m["atom:prefill_tokens_computed_total"]
+                           > before["atom:prefill_tokens_computed_total"], "the prefill to be under way")
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        w = await wait_metrics(worker.url, lambda m: m["atom:prefill_in_flight"] == 0, "the worker to let go")
+        assert w["atom:prefills_abandoned_total"] == before["atom:prefills_abandoned_total"] + 1
+        assert w["atom:prefill_tokens_computed_total"] - before["atom:prefill_tokens_computed_total"] < len(prompt)
+        assert w["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
+        assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
+        assert w["atom:kv_blocks_lanes"] == 0
+    assert "Traceback" not in worker.log.read_text()
+
+
+async def test_a_vanished_decoder_s_lease_expires_and_the_worker_reclaims_the_request(
+        prefill_pair: list[Proc], hold_dir: Path) -> None:
+    worker = prefill_pair[1]
+    before = await scrape(worker.url)
+    # The decoder's host is gone without a FIN (its socket stays open here): no heartbeat ever comes.
+    _reader, writer = await open_kv(worker, b"HOLD:vanished; never shipped", "vanished-1", lease=0.3)
+    try:
+        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_leases_expired_total"]
+                               == before["atom:prefill_leases_expired_total"] + 1 and m["atom:prefill_in_flight"] == 0,
+                               "the lease to expire and the worker to let go")
+        assert m["atom:kv_blocks_lanes"] == 0
+        assert m["atom:prefill_tokens_computed_total"] == before["atom:prefill_tokens_computed_total"]
+        assert m["atom:prefill_sends_started_total"] == before["atom:prefill_sends_started_total"]
+        assert not writer.is_closing()  # reclaimed by the lease, not by an end of stream
+    finally:
+        writer.close()
+        (hold_dir / "vanished").touch()
+
+
+async def test_a_live_decoder_s_heartbeats_keep_a_slow_request(prefill_pair: list[Proc]) -> None:
+    worker = prefill_pair[0]
+    prompt = "SLOWLY long enough to outlive a short lease, twice over."  # 2 chunks of 0.5 s, lease 0.3 s
+    async with in_process("decode", **decode_settings([worker], False, pd_lease_seconds=0.3)) as (_s, url):
+        before = await scrape(worker.url)
+        assert await complete_all(url, [prompt]) == reference_tokens([prompt], 12)
+        m = await scrape(worker.url)
+        assert m["atom:prefill_leases_expired_total"] == before["atom:prefill_leases_expired_total"]
 
 
 class StubbornClient:
@@ -83,3 +136,22 @@ async def test_a_cancelled_fetch_keeps_its_slot_until_it_has_stopped() -> None:
             break
         await asyncio.sleep(0.02)
     assert connector.slots.held() == 0 and not connector.busy()
+
+
+async def test_a_decoder_gone_mid_send_is_one_info_line_on_the_worker(tmp_path: Path) -> None:
+    # A frame larger than the sockets' buffers (16K tokens of the tiny model: 8 MB), and a decoder that reads its
+    # first bytes and dies: the send fails half way.
+    settings = {**BASE, "max_seq_len": 16384 + 64, "prefill_chunk": 1024, "lanes": 1, "kv_blocks": 2,
+                "prefix_cache": False}
+    worker = spawn(tmp_path, "big-frames", "prefill", settings)
+    try:
+        await asyncio.to_thread(wait_ready_sync, worker)
+        reader, writer = await open_kv(worker, bytes(i % 200 + 32 for i in range(16384)), "dies-mid-send", 120)
+        assert (await asyncio.wait_for(reader.readexactly(PREFIX.size), 120))[:4] == b"ATKV"  # the send started
+        writer.transport.abort()  # the decoder dies (a reset: its unread bytes are dropped)
+        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1, "the send to fail")
+        assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 8 << 20
+        log = worker.log.read_text()
+        assert log.count("event=prefill_send_failed") == 1 and "Traceback" not in log, log[-3000:]
+    finally:
+        worker.kill()

@@ -68,8 +68,7 @@ def exited(proc: Proc, timeout: float = 60.0) -> int:
 
 
 async def test_sigterm_drains_then_finishes_in_flight_requests(tmp_path: Path, hold_dir: Path) -> None:
-    worker = spawn(tmp_path, "prefill", "prefill", {**PREFILL, **SLOW_STOP},
-                   {"ATOM_ENGINE_FAULTS": f"hold_dir={hold_dir}"})
+    worker = spawn(tmp_path, "prefill", "prefill", {**PREFILL, **SLOW_STOP}, faults=f"hold_dir={hold_dir}")
     decode = spawn(tmp_path, "decode", "decode", {**BASE, "lanes": 1, "kv_blocks": 2, "prefix_cache": False,
                                                   "local_prefill": False, "prefill_workers": worker.address,
                                                   **SLOW_STOP})
@@ -118,7 +117,7 @@ async def test_a_decoder_waits_for_a_prefill_worker_that_is_not_there_yet(tmp_pa
         # The decoder has found nobody at least twice (it is retrying, not failing)...
         await wait_metrics(url, lambda m: m["atom:pd_fetch_failures_total"] >= 2, "refused fetch attempts", 60)
         assert not task.done()
-        worker = spawn(tmp_path, "late", "prefill", PREFILL, port=port)
+        worker = spawn(tmp_path, "late", "prefill", PREFILL, kv_port=port)
         try:
             await asyncio.to_thread(wait_ready_sync, worker)
             out = await asyncio.wait_for(task, 120)  # ...and the request succeeds once one is there.

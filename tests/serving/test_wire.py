@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
-import zlib
+from typing import Any
 
 import pytest
 import torch
+import xxhash
 from atom_engine.pd.client import PrefillClient
+from atom_engine.pd.tcp import StreamEnded
 from atom_engine.pd.wire import PREFIX, CorruptTransfer, Expect, Shipment, frame_bytes, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -27,11 +28,32 @@ def expect(ship: Shipment, **change: object) -> Expect:
     return Expect(**{**base, **change})
 
 
+class BytesReader:
+    """The wire's Reader over bytes in memory, in pieces of 1000 bytes (as a socket hands them over)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    async def read_exactly(self, n: int) -> bytes:
+        buf = bytearray(n)
+        await self.read_into(memoryview(buf), None)
+        return bytes(buf)
+
+    async def read_into(self, view: memoryview, hasher: Any) -> None:
+        done = 0
+        while done < len(view):
+            piece = self.data[self.at : self.at + min(1000, len(view) - done)]
+            if not piece:
+                raise StreamEnded(f"the stream ended after {done} of {len(view)} bytes")
+            view[done : done + len(piece)] = piece
+            if hasher is not None:
+                hasher.update(piece)
+            done += len(piece)
+            self.at += len(piece)
+
+
 async def read(data: bytes, want: Expect, buffer: bytearray | None = None) -> Shipment:
-    stream = asyncio.StreamReader()
-    stream.feed_data(data)
-    stream.feed_eof()
-    return await read_frame(stream.readexactly, want, buffer)
+    return await read_frame(BytesReader(data), want, buffer)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -48,28 +70,31 @@ async def test_frame_round_trips_exactly_into_the_slot_buffer(dtype: torch.dtype
 def _patch_header(data: bytes, **fields: object) -> bytes:
     import json
 
-    magic, version, flags, n, _crc = PREFIX.unpack(data[: PREFIX.size])
+    kind, version, flags, n, _sum = PREFIX.unpack(data[: PREFIX.size])
     header = json.loads(data[PREFIX.size : PREFIX.size + n])
     header.update(fields)
     raw = json.dumps(header).encode()
-    return PREFIX.pack(magic, version, flags, len(raw), zlib.crc32(raw)) + raw + data[PREFIX.size + n :]
+    return PREFIX.pack(kind, version, flags, len(raw), xxhash.xxh3_64_intdigest(raw)) + raw + data[PREFIX.size + n :]
 
 
 @pytest.mark.parametrize(
     ("damage", "needle"),
     [
-        (lambda b: b"XXXX" + b[4:], "not a KV frame"),
-        (lambda b: b[:4] + bytes([9]) + b[5:], "version 9"),
+        (lambda b: b"XXXX" + b[4:], "not a KV transport message"),
+        (lambda b: b[:4] + bytes([9]) + b[5:], "version 9; this engine speaks version 2"),
         (lambda b: b[: PREFIX.size + 3] + b"#" + b[PREFIX.size + 4 :], "header checksum"),
         (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "payload checksum"),
         (lambda b: _patch_header(b, request_id="someone-else"), "request_id"),
-        (lambda b: _patch_header(b, token_ids=[1, 2, 3]), "token_ids"),
+        (lambda b: _patch_header(b, tokens_xxh3=12345), "tokens_xxh3 does not match"),
+        (lambda b: _patch_header(b, tokens=4), "field tokens is 4; expected 3"),
         (lambda b: _patch_header(b, k_shape=[L, H, 4, D]), "k_shape"),
         (lambda b: _patch_header(b, dtype="float16"), "dtype is 'float16' but this decode engine runs 'float32'"),
         (lambda b: _patch_header(b, kv_layout="tokens,layers,kv_heads,head_dim"),
          "kv_layout is 'tokens,layers,kv_heads,head_dim' but this decode engine reads 'layers,kv_heads,tokens"),
         (lambda b: _patch_header(b, payload_bytes=1), "payload_bytes"),
-        (lambda b: struct.pack("<4sBBII", b"ATKV", 1, 0, 1 << 30, 0), "exceeds"),
+        (lambda b: struct.pack("<4sBBIQ", b"ATKV", 2, 0, 1 << 30, 0), "header of 1073741824 bytes exceeds"),
+        (lambda b: _patch_header(b, tokens=4000, k_shape=[L, H, 4000, D], v_shape=[L, H, 4000, D],
+                                 payload_bytes=2 * L * H * 4000 * D * 4 + 4 * V), "field tokens is 4000"),
     ],
 )
 async def test_damaged_frames_are_refused(damage, needle: str) -> None:  # noqa: ANN001
@@ -84,22 +109,24 @@ async def test_a_frame_of_another_dtype_is_refused_not_converted() -> None:
         await read(frame_bytes(ship), expect(ship, dtype=torch.float32))
 
 
-async def test_a_frame_without_kv_layout_has_the_first_layout() -> None:
-    import json
-
+async def test_a_version_1_frame_is_refused_naming_both_versions() -> None:
     ship = shipment()
     data = frame_bytes(ship)
-    n = PREFIX.unpack(data[: PREFIX.size])[3]
-    header = json.loads(data[PREFIX.size : PREFIX.size + n])
-    assert header.pop("kv_layout") == "layers,kv_heads,tokens,head_dim"
-    raw = json.dumps(header).encode()
-    old = PREFIX.pack(b"ATKV", 1, 0, len(raw), zlib.crc32(raw)) + raw + data[PREFIX.size + n :]
-    assert torch.equal((await read(old, expect(ship))).k, ship.k)
+    with pytest.raises(CorruptTransfer, match="version 1; this engine speaks version 2"):
+        await read(data[:4] + bytes([1]) + data[5:], expect(ship))
+
+
+async def test_a_frame_larger_than_the_source_slot_is_refused_before_its_payload_is_read() -> None:
+    ship = shipment(n=8)
+    reader = BytesReader(frame_bytes(ship))
+    with pytest.raises(CorruptTransfer, match="exceeds the source slot"):
+        await read_frame(reader, expect(ship), bytearray(64))
+    assert reader.at < len(reader.data) - ship.payload_bytes + 1  # nothing of the payload was taken
 
 
 async def test_truncated_frame_is_an_error() -> None:
     ship = shipment()
-    with pytest.raises(asyncio.IncompleteReadError):
+    with pytest.raises(StreamEnded, match="the stream ended after"):
         await read(frame_bytes(ship)[:-10], expect(ship))
 
 

@@ -1,22 +1,23 @@
-"""The decode side's client of the prefill workers: find them, spread work over them, fetch one frame.
+"""The decode side's client of the prefill workers: find them, spread work over them, fetch one frame (over a
+:class:`~atom_engine.pd.transport.KVTransport`, plain TCP by default).
 
 ``prefillWorkers`` is ``host:port`` (a headless Service name resolving to every ready worker), or several of
 them separated by commas. Names are re-resolved every ``resolve_interval`` seconds and after a failure, so
 workers that come and go are followed. Each fetch goes to the worker with the fewest fetches in flight (ties
 rotate); a worker that failed is avoided for ``cooldown`` seconds.
 
-Fault policy: a worker that answers and fails (a 5xx other than 503, a timeout after connecting, a truncated
-or corrupt frame) is not asked again for that request; the request moves on to another worker and fails with
+Fault policy: a worker that answers and fails (a 500, a timeout after connecting, a truncated or corrupt
+frame) is not asked again for that request; the request moves on to another worker and fails with
 :class:`PrefillUnavailable` (HTTP 503) after ``attempts`` such failures or when every known worker failed it.
 A worker that does not answer at all (no address resolves; the connection is refused, times out or is closed
-before any response; or it answers 503 because it is still loading or draining) is the normal state of a
-rollout or a restart, where endpoints lag the pods by seconds. Then the request tries the other known workers
-and, when none answers, re-resolves and retries with a short backoff until ``unavailable_wait`` seconds have
-passed, then fails with a 503. Retrying is safe because a prefill has no side effect on the decode side
-(nothing is imported before the whole frame has been checked); the bounds keep a sick or absent pool a clear
-503 rather than an endless wait. The pool's :class:`~atom_engine.pd.breaker.CircuitBreaker` makes that wait one
-window from the pool's first failure for every request, not one per request (and fails fetches at once while
-open, until a probe finds a worker that answers).
+before any response; or it answers 503) is the normal state of a rollout or a restart, where endpoints lag the
+pods by seconds. Then the request tries the other known workers and, when none answers, re-resolves and
+retries with a short backoff until ``unavailable_wait`` seconds have passed, then fails with a 503. Retrying
+is safe because a prefill has no side effect on the decode side (nothing is imported before the whole frame
+has been checked); the bounds keep a sick or absent pool a clear 503 rather than an endless wait. The pool's
+:class:`~atom_engine.pd.breaker.CircuitBreaker` makes that wait one window from the pool's first failure for
+every request, not one per request (and fails fetches at once while open, until a probe finds a worker that
+answers).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
-import aiohttp
-
 from atom_engine.errors import KVUnavailable
 from atom_engine.pd.breaker import CircuitBreaker
-from atom_engine.pd.wire import CorruptTransfer, Expect, Shipment, read_frame
+from atom_engine.pd.tcp import TcpTransport
+from atom_engine.pd.transport import KVTransport, PrefillRequest, Timeouts, WorkerFailed
+from atom_engine.pd.wire import Expect, Shipment
 
 log = logging.getLogger("atom_engine.pd")
 
@@ -44,23 +45,6 @@ class PrefillUnavailable(KVUnavailable):
     """No prefill worker produced the KV (HTTP 503 for the request)."""
 
 
-class WorkerFailed(RuntimeError):
-    """One attempt on one worker failed; the message says how. ``unanswered``: the worker never answered (not
-    there, refused, or closed the connection before any response), as a worker that is going or coming does."""
-
-    def __init__(self, message: str, *, unanswered: bool = False) -> None:
-        super().__init__(message)
-        self.unanswered = unanswered
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    connect: float = 3.0
-    response: float = 60.0  # until the frame starts: the worker's queue plus the prefill itself
-    read: float = 10.0  # between two pieces of the frame
-    total: float = 120.0
-
-
 @dataclass
 class ClientStats:
     """The client's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
@@ -68,8 +52,6 @@ class ClientStats:
     pd_attempts: int = 0
     pd_retries: int = 0
     pd_failures: int = 0
-    pd_bytes_received: int = 0
-    pd_transfer_seconds: float = 0.0  # from the first byte of a frame to its last
 
 
 async def resolve_host(host: str, port: int) -> list[str]:
@@ -88,12 +70,14 @@ def parse_targets(spec: str) -> list[tuple[str, int]]:
 
 
 class PrefillClient:
-    def __init__(self, targets: str, *, timeouts: Timeouts | None = None, attempts: int = 2,
-                 resolve_interval: float = 5.0, cooldown: float = 5.0, resolver: Resolver = resolve_host,
+    def __init__(self, targets: str, *, timeouts: Timeouts | None = None, transport: KVTransport | None = None,
+                 attempts: int = 2, resolve_interval: float = 5.0, cooldown: float = 5.0,
+                 resolver: Resolver = resolve_host,
                  unavailable_wait: float = 30.0, backoff: float = 0.05, max_backoff: float = 1.0,
                  probe_interval: float = 0.25) -> None:
         self.targets = parse_targets(targets)
         self.timeouts = timeouts or Timeouts()
+        self.transport = transport or TcpTransport(self.timeouts)
         self.attempts = attempts
         self.unavailable_wait = unavailable_wait
         self.backoff, self.max_backoff = backoff, max_backoff
@@ -107,20 +91,19 @@ class PrefillClient:
         self._in_flight: dict[str, int] = {}
         self._failed_at: dict[str, float] = {}
         self._turn = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
 
     def figures(self) -> dict[str, float]:
-        return {**asdict(self.stats), "pd_breaker_state": int(self.breaker.state),
+        moved = self.transport.stats
+        return {**asdict(self.stats), "pd_bytes_received": moved.bytes_received,
+                "pd_transfer_seconds": moved.transfer_seconds, "pd_breaker_state": int(self.breaker.state),
                 "pd_breaker_transitions": self.breaker.transitions}
 
     async def start(self) -> None:
-        # No pool limit: the decode side bounds concurrent fetches by its source slots.
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        pass  # connections are the transport's, made per fetch
 
     async def close(self) -> None:
         await self.breaker.close()
-        if self._session is not None:
-            await self._session.close()
+        await self.transport.close()
 
     # -- discovery and spreading --------------------------------------------------------------------
     async def addresses(self, *, force: bool = False) -> list[str]:
@@ -209,18 +192,9 @@ class PrefillClient:
     async def probe(self) -> bool:
         """Whether some worker of the pool answers (the breaker's half-open probe)."""
         for address in await self.addresses(force=True):
-            if await self._answers(address):
+            if await self.transport.ping(address):
                 return True
         return False
-
-    async def _answers(self, address: str) -> bool:
-        assert self._session is not None, "PrefillClient.start() was not awaited"
-        try:
-            async with self._session.get(f"http://{address}/ready",
-                                         timeout=aiohttp.ClientTimeout(total=self.timeouts.connect)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
 
     def _target_text(self) -> str:
         return ",".join(f"{h}:{p}" for h, p in self.targets)
@@ -231,55 +205,12 @@ class PrefillClient:
 
     async def _fetch_from(self, address: str, expect: Expect, prompt: list[int],
                           buffer: bytearray | None) -> Shipment:
-        assert self._session is not None, "PrefillClient.start() was not awaited"
         self.stats.pd_attempts += 1
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
-        t = self.timeouts
-        timeout = aiohttp.ClientTimeout(total=t.total, connect=t.connect, sock_read=t.response)
-        body = {"request_id": expect.request_id, "prompt_token_ids": prompt, "start": expect.start}
-        if expect.prompt_logprobs is not None:
-            body["prompt_logprobs"] = expect.prompt_logprobs
-        answered = False
+        request = PrefillRequest(expect.request_id, prompt, expect.start, expect.prompt_logprobs)
         try:
-            async with asyncio.timeout(t.total):
-                async with self._session.post(f"http://{address}/v1/kv/prefill", json=body,
-                                              timeout=timeout) as resp:
-                    answered = True
-                    if resp.status != 200:
-                        text = (await asyncio.wait_for(resp.text(), t.read))[:300]
-                        # 503: the worker is still loading (or draining) and did nothing: as good as not there.
-                        raise self._fail(f"HTTP {resp.status}: {text}", unanswered=resp.status == 503)
-                    return await self._read(resp, expect, buffer)
-        except aiohttp.ConnectionTimeoutError as exc:  # connecting timed out: nobody there to answer
-            raise self._fail(f"connect timed out after {t.connect}s", unanswered=True) from exc
-        except TimeoutError as exc:  # before ClientError: aiohttp's socket timeouts are both
-            raise self._fail(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
-                                        f" total {t.total}s)") from exc
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            # Refused, reset or closed before the status line: a worker that is stopping or not there yet (a
-            # keep-alive connection the worker closed at shutdown reads so too). After an answer it is a failure.
-            unanswered = not answered and isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError))
-            raise self._fail(f"{type(exc).__name__}: {exc}", unanswered=unanswered) from exc
-        except CorruptTransfer as exc:
-            raise self._fail(f"corrupt KV transfer refused: {exc}") from exc
+            return await self.transport.fetch(address, request, expect, buffer)
+        except WorkerFailed as exc:
+            raise self._fail(str(exc), unanswered=exc.unanswered) from exc
         finally:
             self._in_flight[address] -= 1
-
-    async def _read(self, resp: aiohttp.ClientResponse, expect: Expect, buffer: bytearray | None) -> Shipment:
-        first = [True]
-        started = [0.0]
-
-        async def read_exactly(n: int) -> bytes:
-            limit = self.timeouts.response if first[0] else self.timeouts.read
-            try:
-                data = await asyncio.wait_for(resp.content.readexactly(n), limit)
-            except asyncio.IncompleteReadError as exc:
-                raise aiohttp.ClientPayloadError(f"frame cut short after {len(exc.partial)} of {n} bytes") from exc
-            if first[0]:
-                first[0], started[0] = False, time.perf_counter()
-            self.stats.pd_bytes_received += len(data)
-            return data
-
-        ship = await read_frame(read_exactly, expect, buffer)
-        self.stats.pd_transfer_seconds += time.perf_counter() - started[0]
-        return ship

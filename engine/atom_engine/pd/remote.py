@@ -150,6 +150,9 @@ class RemoteConnector:
             "prefetch_hits": 0, "prefetch_cancelled": 0, "prefetch_failed": 0, "prefetch_cached_tokens": 0,
         }
 
+    def ships(self, seq: Sequence) -> bool:
+        return True  # remote-only: every prompt's KV comes from a worker
+
     def bind(self, kv: KVBlocks) -> None:
         """The engine's KV blocks, where a prefetch pins the prompt's cached prefix."""
         self.kv = kv

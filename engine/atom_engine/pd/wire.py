@@ -1,23 +1,38 @@
-"""The KV wire format: one frame per shipment, streamed as an HTTP response body.
+"""The KV wire format: versioned, checksummed messages on a KV transport's byte stream (:mod:`atom_engine.pd.tcp`).
 
-    prefix   14 bytes   b"ATKV" | version u8 | flags u8 (0) | header_len u32 LE | header_crc32 u32 LE
-    header   JSON       request_id, start, token_ids, dtype, kv_layout, k_shape, v_shape, logits_dtype,
-                        logits_shape, payload_bytes, payload_crc32; prompt_logprobs when the decode side asked for them
-    payload  raw bytes  K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], C order, little endian
+Every message starts with one prefix and a JSON header:
 
-``n == len(token_ids)``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not
-cached). The logits are those of the prompt's last token, so the decode side samples the first output token with
-the request's own generator (seeded sampling stays exact under PD). The receiver checks every field against
-what it asked for before it reads the payload, and the checksum after: a frame that fails is refused whole.
+    prefix   18 bytes   kind 4 bytes | version u8 | flags u8 (0) | header_len u32 LE | header_xxh3 u64 LE
+    header   JSON       header_len bytes
 
-A request with prompt logprobs (echo) gets them in the header, one per token of ``token_ids`` (``null`` for the
+Kinds: ``ATKQ`` a prefill request (decoder to worker: request_id, prompt_token_ids, start, prompt_logprobs,
+lease_seconds), ``ATKP`` a ping (either way: "are you ready"), ``ATKE`` an error (worker to decoder: status,
+message, code), ``ATKV`` a KV frame (worker to decoder), whose header is
+
+    request_id, start, tokens (n), tokens_xxh3 (of the token ids as int64 LE), dtype, kv_layout, k_shape, v_shape,
+    logits_dtype, logits_shape, payload_bytes, payload_xxh3; prompt_logprobs when the decode side asked for them
+
+and which is followed by its payload: K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], raw
+bytes, C order, little endian. After a request the decoder sends one heartbeat byte (:data:`HEARTBEAT`) every
+so often until the frame starts: the worker's lease on the request (see :mod:`atom_engine.pd.tcp`).
+
+``n``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not cached), named
+by their count and checksum rather than listed (the decoder knows what it asked for; a 16K-token list cost
+milliseconds of JSON on the frame's critical path). The logits are those of the prompt's last token, so the
+decode side samples the first output token with the request's own generator (seeded sampling stays exact under
+PD). The receiver checks every field against what it asked for before it reads the payload, and the checksum
+after: a frame that fails is refused whole.
+Checksums are xxh3-64 (``xxhash``), fast enough not to bound the transfer as zlib's CRC32 did (docs/pd.md).
+
+A request with prompt logprobs (echo) gets them in the header, one per shipped token (``null`` for the
 prompt's first), each ``[token, logprob, rank, [[token, logprob], ...]]``; JSON floats round-trip exactly, so
 they equal the ones a local prefill computes.
 
 Prefill and decode may run on different NPUs, images and torch versions (an rngd prefill worker feeding an atom
 or cpu decode pod): the header names the KV's dtype and axis order (``kv_layout``), and a frame whose dtype or
 layout is not the decode side's is refused with both named, never converted (a silent cast would change the
-tokens). A frame without ``kv_layout`` (an older sender) has the only layout there was, :data:`KV_LAYOUT`.
+tokens). Version 2 (this one) moved the payload off HTTP onto the KV transport and the checksums to xxh3-64;
+a version 1 frame is refused, naming both versions.
 """
 
 from __future__ import annotations
@@ -25,20 +40,22 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
+import xxhash
 
 from atom_engine.dtypes import dtype_name
 from atom_engine.sequence import TokenLogprob
 
-MAGIC = b"ATKV"
-VERSION = 1
-PREFIX = struct.Struct("<4sBBII")
+VERSION = 2
+PREFIX = struct.Struct("<4sBBIQ")
+FRAME, REQUEST, PING, ERROR = b"ATKV", b"ATKQ", b"ATKP", b"ATKE"
+KINDS = (FRAME, REQUEST, PING, ERROR)
 HEADER_MAX = 4 << 20  # token ids of a 32k prompt as JSON fit easily
-READ_PIECE = 1 << 20
+HEARTBEAT = b"h"
 
 KV_LAYOUT = "layers,kv_heads,tokens,head_dim"  # the axis order of K and V in the payload
 
@@ -79,27 +96,48 @@ class Expect:
     prompt_logprobs: int | None = None  # top-N asked per prompt token (echo with logprobs)
 
 
+class Reader(Protocol):
+    """The receiving end of a KV transport's stream."""
+
+    def read_exactly(self, n: int) -> Awaitable[bytes]:
+        """``n`` bytes (small: a prefix, a header); raises on a stream that ends first."""
+
+    def read_into(self, view: memoryview, hasher: Any) -> Awaitable[None]:
+        """Fill ``view`` whole from the stream (no intermediate copy), feeding every piece to ``hasher``."""
+
+
 def _raw(t: torch.Tensor) -> memoryview:
     if sys.byteorder != "little":  # pragma: no cover - every supported host is little endian
         raise RuntimeError("the KV wire format is little endian")
-    return memoryview(t.detach().contiguous().view(torch.uint8).numpy())
+    return memoryview(t.detach().contiguous().view(torch.uint8).numpy()).cast("B")
+
+
+def tokens_xxh3(token_ids: list[int]) -> int:
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(token_ids)}q", *token_ids))
+
+
+def message(kind: bytes, header: dict[str, Any]) -> bytes:
+    """A message's prefix and header."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return PREFIX.pack(kind, VERSION, 0, len(raw), xxhash.xxh3_64_intdigest(raw)) + raw
 
 
 def encode(ship: Shipment) -> tuple[bytes, list[memoryview]]:
-    """The prefix + header bytes, and the payload parts to write after them (no copy of the tensors)."""
+    """The frame's prefix + header bytes, and the payload parts to write after them (no copy of the tensors)."""
     parts = [_raw(ship.k), _raw(ship.v), _raw(ship.logits.to(torch.float32))]
-    crc = 0
+    hasher = xxhash.xxh3_64()
     for p in parts:
-        crc = zlib.crc32(p, crc)
-    header = json.dumps({
-        "request_id": ship.request_id, "start": ship.start, "token_ids": ship.token_ids,
+        hasher.update(p)
+    header = {
+        "request_id": ship.request_id, "start": ship.start, "tokens": len(ship.token_ids),
+        "tokens_xxh3": tokens_xxh3(ship.token_ids),
         "dtype": dtype_name(ship.k.dtype), "kv_layout": KV_LAYOUT, "k_shape": list(ship.k.shape),
         "v_shape": list(ship.v.shape),
         "logits_dtype": "float32", "logits_shape": list(ship.logits.shape),
-        "payload_bytes": sum(p.nbytes for p in parts), "payload_crc32": crc,
+        "payload_bytes": sum(p.nbytes for p in parts), "payload_xxh3": hasher.intdigest(),
         **({} if ship.prompt_logprobs is None else {"prompt_logprobs": [_lp_out(e) for e in ship.prompt_logprobs]}),
-    }, separators=(",", ":")).encode()
-    return PREFIX.pack(MAGIC, VERSION, 0, len(header), zlib.crc32(header)) + header, parts
+    }
+    return message(FRAME, header), parts
 
 
 def frame_bytes(ship: Shipment) -> bytes:
@@ -107,43 +145,54 @@ def frame_bytes(ship: Shipment) -> bytes:
     return head + b"".join(bytes(p) for p in parts)
 
 
-async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Expect,
-                     buffer: bytearray | None = None) -> Shipment:
-    """Read one frame, checking it against ``expect``; the payload lands in ``buffer`` (a source slot's
-    staging memory, never resized: earlier shipments' tensors may still view it) and the returned tensors are
-    views of it."""
-    magic, version, _flags, header_len, header_crc = PREFIX.unpack(await read_exactly(PREFIX.size))
-    if magic != MAGIC:
-        raise CorruptTransfer(f"not a KV frame (magic {magic!r}, want {MAGIC!r})")
+async def read_message(reader: Reader, kinds: tuple[bytes, ...]) -> tuple[bytes, dict[str, Any]]:
+    """One message's kind and header, checked: its kind one of ``kinds``, its version this one, its header whole."""
+    kind, version, _flags, header_len, header_sum = PREFIX.unpack(await reader.read_exactly(PREFIX.size))
+    if kind not in kinds:
+        want = " or ".join(repr(k) for k in kinds)
+        raise CorruptTransfer(f"not a KV transport message (kind {kind!r}, want {want})")
     if version != VERSION:
-        raise CorruptTransfer(f"KV frame version {version}; this engine reads version {VERSION}")
+        raise CorruptTransfer(f"KV message version {version}; this engine speaks version {VERSION}")
     if header_len > HEADER_MAX:
-        raise CorruptTransfer(f"KV frame header of {header_len} bytes exceeds {HEADER_MAX}")
-    raw = await read_exactly(header_len)
-    if zlib.crc32(raw) != header_crc:
-        raise CorruptTransfer("KV frame header checksum mismatch")
+        raise CorruptTransfer(f"KV message header of {header_len} bytes exceeds {HEADER_MAX}")
+    raw = await reader.read_exactly(header_len)
+    if xxhash.xxh3_64_intdigest(raw) != header_sum:
+        raise CorruptTransfer("KV message header checksum mismatch")
     try:
-        h = json.loads(raw)
+        header = json.loads(raw)
     except ValueError as exc:
-        raise CorruptTransfer(f"KV frame header is not JSON: {exc}") from exc
+        raise CorruptTransfer(f"KV message header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CorruptTransfer("KV message header is not a JSON object")
+    return kind, header
+
+
+async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | None = None,
+                     header: dict[str, Any] | None = None) -> Shipment:
+    """Read one frame (or its payload, when its ``header`` was read already), checking it against ``expect``;
+    the payload lands in ``buffer`` (a source slot's staging memory, never resized: earlier shipments' tensors
+    may still view it) and the returned tensors are views of it."""
+    h = header if header is not None else (await read_message(reader, (FRAME,)))[1]
     n = len(expect.token_ids)
     dtype = dtype_name(expect.dtype)
     if h.get("dtype") != dtype:
         raise CorruptTransfer(f"KV frame dtype is {h.get('dtype')!r} but this decode engine runs {dtype!r}: prefill"
                               " and decode must run the same model dtype (spec.model.dtype)")
-    if h.get("kv_layout", KV_LAYOUT) != KV_LAYOUT:
+    if h.get("kv_layout") != KV_LAYOUT:
         raise CorruptTransfer(f"KV frame kv_layout is {h.get('kv_layout')!r} but this decode engine reads"
                               f" {KV_LAYOUT!r}")
     kv_shape = [expect.layers, expect.kv_heads, n, expect.head_dim]
     want = {
-        "request_id": expect.request_id, "start": expect.start, "token_ids": expect.token_ids,
+        "request_id": expect.request_id, "start": expect.start, "tokens": n,
+        "tokens_xxh3": tokens_xxh3(expect.token_ids),
         "k_shape": kv_shape, "v_shape": kv_shape,
         "logits_dtype": "float32", "logits_shape": [expect.vocab],
     }
     for key, value in want.items():
         if h.get(key) != value:
-            shown = h.get(key) if key != "token_ids" else f"{len(h.get(key) or [])} ids"
-            raise CorruptTransfer(f"KV frame field {key} is {shown!r}; expected {value if key != 'token_ids' else n}")
+            if key == "tokens_xxh3":
+                raise CorruptTransfer("KV frame field tokens_xxh3 does not match: the KV of other tokens")
+            raise CorruptTransfer(f"KV frame field {key} is {h.get(key)!r}; expected {value!r}")
     prompt_logprobs = _lp_in(h.get("prompt_logprobs"), n) if expect.prompt_logprobs is not None else None
     kv_bytes = expect.layers * expect.kv_heads * n * expect.head_dim * expect.dtype.itemsize
     total = 2 * kv_bytes + 4 * expect.vocab
@@ -154,13 +203,9 @@ async def read_frame(read_exactly: Callable[[int], Awaitable[bytes]], expect: Ex
     elif len(buffer) < total:  # slots are sized for maxSeqLen tokens, so a frame this big cannot be right
         raise CorruptTransfer(f"KV frame payload of {total} bytes exceeds the source slot ({len(buffer)} bytes)")
     view = memoryview(buffer)
-    crc, done = 0, 0
-    while done < total:
-        piece = await read_exactly(min(READ_PIECE, total - done))
-        view[done : done + len(piece)] = piece
-        crc = zlib.crc32(piece, crc)
-        done += len(piece)
-    if crc != h.get("payload_crc32"):
+    hasher = xxhash.xxh3_64()
+    await reader.read_into(view[:total], hasher)
+    if hasher.intdigest() != h.get("payload_xxh3"):
         raise CorruptTransfer("KV frame payload checksum mismatch")
 
     def tensor(offset: int, nbytes: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

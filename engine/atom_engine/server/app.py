@@ -3,7 +3,7 @@ both :class:`EngineServer` (the probes, the metrics, the background load and the
 
 - ``standalone`` and ``decode``: the OpenAI routes; with ``localPrefill: false`` prompts are prefilled by the
   workers in ``prefillWorkers`` (remote-only PD: the engine's KV connector), else locally.
-- ``prefill``: ``POST /v1/kv/prefill`` for decode pods.
+- ``prefill``: the KV transport's port (``pdKvPort``) for decode pods (:mod:`atom_engine.server.prefill_service`).
 
 Every role has ``/health`` (liveness: 200 while loading or serving, 503 once the engine loop died),
 ``/ready`` (200 once the model is loaded and warmed) and ``/metrics``. The model loads after the server is
@@ -24,12 +24,13 @@ from atom_engine.server.compute import ComputeThread
 from atom_engine.server.errors import error_response
 from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
-from atom_engine.server.prefill_routes import PrefillService
+from atom_engine.server.prefill_service import PrefillService
 from atom_engine.settings import EngineSettings, Role
 
 if TYPE_CHECKING:
     from atom_engine.engine import LLMEngine
     from atom_engine.pd.client import PrefillClient
+    from atom_engine.pd.tcp import TcpServer
     from atom_engine.pd.worker import PrefillWorker
     from atom_engine.server.engine_loop import AsyncEngine
 
@@ -45,6 +46,7 @@ class EngineServer:
 
     def __init__(self, settings: EngineSettings, role: Role) -> None:
         self.settings, self.role = settings, role
+        self.host = "0.0.0.0"  # noqa: S104 - where the role's own listeners bind (start_server sets it)
         self.ready = asyncio.Event()
         self.draining = False  # SIGTERM received: /ready answers 503 while requests are still served
         self.load_error: str | None = None
@@ -149,31 +151,34 @@ class OpenAIServer(EngineServer):
         from atom_engine.server.engine_loop import AsyncEngine
 
         s = self.settings
-        connector = None
-        if not s.local_prefill:
+        connector = remote = None
+        if s.prefill_workers:  # remote-only PD, or selective with localPrefill
             from atom_engine.kv_blocks import SourceSlots
-            from atom_engine.pd.client import PrefillClient, Timeouts
+            from atom_engine.pd.client import PrefillClient
             from atom_engine.pd.remote import RemoteConnector, RemotePrefill
+            from atom_engine.pd.selective import SelectiveConnector
+            from atom_engine.pd.transport import Timeouts
 
-            assert s.prefill_workers, "settings validation requires prefillWorkers without local prefill"
             self.client = PrefillClient(
                 s.prefill_workers, attempts=s.pd_attempts, unavailable_wait=s.pd_unavailable_wait_seconds,
                 resolve_interval=s.pd_resolve_interval_seconds,
                 timeouts=Timeouts(s.pd_connect_timeout_seconds, s.pd_response_timeout_seconds,
-                                  s.pd_read_timeout_seconds, s.pd_total_timeout_seconds),
+                                  s.pd_read_timeout_seconds, s.pd_total_timeout_seconds, s.pd_lease_seconds),
             )
             await self.client.start()
             # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
-            connector = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
-                                        prefetch_next=s.prefetch_next)
+            remote = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
+                                     prefetch_next=s.prefetch_next)
+            connector = remote if not s.local_prefill else SelectiveConnector(
+                remote, self.client.breaker, min_tokens=s.remote_prefill_min_tokens)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
         await loop.run_in_executor(self.compute, engine.warm)
         # Drafts are verified only where the backend can (cpu): say what this engine actually does.
         log.info("event=engine_loaded speculative_tokens=%d", engine.speculative_tokens)
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
-        if connector is not None:
-            connector.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
+        if remote is not None:
+            remote.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
         self.aengine.start()
         self.routes = OpenAIRoutes(engine, self.aengine, self.metrics)
 
@@ -200,27 +205,33 @@ class OpenAIServer(EngineServer):
 
 
 class PrefillServer(EngineServer):
-    """``prefill``: a prefill worker (the model, one prompt at a time) behind ``POST /v1/kv/prefill``."""
-
-    ROUTES = PrefillService.ROUTES
+    """``prefill``: a prefill worker (the model, one prompt at a time) serving decode pods on its KV port
+    (``pdKvPort``, the plain-TCP KV transport), which opens once the model is loaded."""
 
     def __init__(self, settings: EngineSettings, role: Role = "prefill") -> None:
         super().__init__(settings, role)
         self.worker: PrefillWorker | None = None
         self.service: PrefillService | None = None
+        self.kv_server: TcpServer | None = None
 
     def handler(self) -> PrefillService | None:
         return self.service
 
     async def load(self, loop: asyncio.AbstractEventLoop) -> None:
-        from atom_engine.pd.faults import Faults
+        from atom_engine.pd.tcp import TcpServer
         from atom_engine.pd.worker import PrefillWorker
 
         worker = await loop.run_in_executor(self.compute, PrefillWorker, self.settings)
         await loop.run_in_executor(self.compute, worker.warm)
         self.worker = worker
-        self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds,
-                                      faults=Faults.from_env())
+        self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds)
+        self.kv_server = TcpServer(self.service.serve)
+        port = await self.kv_server.start(self.host, self.settings.pd_kv_port)
+        log.info("event=kv_listening host=%s port=%d", self.host, port)
+
+    async def close(self) -> None:
+        if self.kv_server is not None:
+            await self.kv_server.close(grace=self.settings.finish_seconds)
 
     def stats(self) -> dict[str, float]:
         if self.worker is None or self.service is None:
@@ -253,6 +264,7 @@ async def start_server(
 ) -> tuple[EngineServer, web.AppRunner, int]:
     """Listen on host:port (0: a free port); the model loads in the background (see ``server.ready``)."""
     server = make_server(settings, role)
+    server.host = host
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its request.
     # shutdown_timeout: how long cleanup lets in-flight requests finish after the listener closed.
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,

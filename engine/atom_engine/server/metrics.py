@@ -53,6 +53,8 @@ ATOM = {
     "atom:prefill_tokens_computed": ("counter", "prefill_tokens_computed", "Prompt tokens prefilled here."),
     "atom:pd_remote_prefills": ("counter", "remote_prefills", "Shipments requested from prefill workers."),
     "atom:pd_remote_prefill_tokens": ("counter", "remote_prefill_tokens", "Prompt tokens whose KV was imported."),
+    "atom:pd_local_prefills": ("counter", "selective_local_prefills", "Prompts a decode pod with prefill workers"
+                               " prefilled itself (selective PD: a short uncached suffix, or the pool down)."),
     "atom:pd_kv_bytes_imported": ("counter", "kv_bytes_imported", "Payload bytes of imported shipments."),
     "atom:pd_bytes_received": ("counter", "pd_bytes_received", "Bytes read from prefill workers (all frames)."),
     "atom:pd_transfer_seconds": ("counter", "pd_transfer_seconds", "Time from a frame's first byte to its last."),
@@ -74,6 +76,8 @@ ATOM = {
     "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
     "atom:prefill_in_flight": ("gauge", "prefill_in_flight", "Prefill requests held: queued, computing or sending."),
     "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
+    "atom:prefill_leases_expired": ("counter", "prefill_leases_expired", "Requests dropped: their decoder stopped"
+                                    " renewing its lease (no heartbeat)."),
 }
 
 

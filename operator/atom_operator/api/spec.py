@@ -143,6 +143,15 @@ class DecodeSpec(_Placement):
         description="Decode pods may prefill prompts themselves; false makes them remote-only (every prompt is"
         " prefilled by a prefill worker), which needs prefill.replicas >= 1.",
     )
+    remote_prefill_min_tokens: int = Field(
+        _ENGINE["remote_prefill_min_tokens"].default,
+        ge=0,
+        le=limits.REMOTE_PREFILL_MIN_TOKENS_MAX,
+        description="Selective disaggregation, with localPrefill true and prefill.replicas >= 1: a prompt whose"
+        " uncached suffix has at least this many tokens is prefilled by a prefill worker, a shorter one by the"
+        " decode pod itself (and every prompt while the prefill pool is unavailable). Remote-only decode pods"
+        " (localPrefill false) send every prompt to the workers.",
+    )
     speculative_tokens: int = Field(
         _ENGINE["speculative_tokens"].default,
         ge=0,
@@ -313,6 +322,8 @@ def engine_settings(
         kv_blocks=spec.decode.kv_blocks if decode else PREFILL_KV_BLOCKS,
         prefix_cache=spec.decode.prefix_cache if decode else False,
         local_prefill=spec.decode.local_prefill if decode else True,
+        remote_prefill_min_tokens=(spec.decode.remote_prefill_min_tokens if decode
+                                   else _ENGINE["remote_prefill_min_tokens"].default),
         prefetch_next=spec.prefill.prefetch_next if decode else False,
         speculative_tokens=spec.decode.speculative_tokens if decode else 0,  # a prefill worker never decodes
         prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,

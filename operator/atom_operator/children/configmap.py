@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from atom_engine.settings import EngineSettings
+
 from atom_operator.api import engine_settings
 from atom_operator.children.meta import Defaults, Owner, Role, config_name, metadata, prefill_service_name
 
@@ -11,11 +13,12 @@ CONFIG_KEY = "engine.yaml"
 CONFIG_DIR = "/etc/atom"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 HTTP_PORT = 8000
+KV_PORT: int = EngineSettings.model_fields["pd_kv_port"].default  # the prefill pods' KV transport
 
 
 def prefill_address(owner: Owner) -> str:
-    """host:port of the prefill workers: the headless Service resolves to every ready prefill pod."""
-    return f"{prefill_service_name(owner)}.{owner.namespace}.svc:{HTTP_PORT}"
+    """host:port of the prefill workers' KV transport: the headless Service resolves to every ready prefill pod."""
+    return f"{prefill_service_name(owner)}.{owner.namespace}.svc:{KV_PORT}"
 
 
 def build_configmap(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:

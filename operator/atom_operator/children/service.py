@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_operator.children.configmap import HTTP_PORT
+from atom_operator.children.configmap import HTTP_PORT, KV_PORT
 from atom_operator.children.meta import Owner, metadata, prefill_service_name, selector_labels, service_name
 
 
@@ -22,7 +22,8 @@ def build_service(owner: Owner) -> dict[str, Any]:
 
 
 def build_prefill_service(owner: Owner) -> dict[str, Any]:
-    """Headless, so the name the decode pods are given resolves to every ready prefill pod."""
+    """Headless, so the name the decode pods are given resolves to every ready prefill pod; its ``kv`` port is
+    the one they fetch KV from."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -30,7 +31,8 @@ def build_prefill_service(owner: Owner) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "selector": selector_labels(owner, "prefill"),
-            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                      {"name": "kv", "port": KV_PORT, "targetPort": "kv", "protocol": "TCP"}],
         },
     }
 

@@ -10,7 +10,7 @@ from atom_engine.settings import EngineSettings
 
 from atom_operator import sizing
 from atom_operator.api.spec import COMPILE_CACHE_PATH
-from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT
+from atom_operator.children.configmap import CONFIG_DIR, CONFIG_PATH, HTTP_PORT, KV_PORT
 from atom_operator.children.meta import (
     CONFIG_HASH,
     Defaults,
@@ -102,6 +102,7 @@ def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            *([{"name": "kv", "containerPort": KV_PORT, "protocol": "TCP"}] if role == "prefill" else []),
         ],
         # Ready once the model is loaded and requests are accepted; alive while the server answers at all.
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},

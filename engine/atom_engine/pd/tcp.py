@@ -1,0 +1,305 @@
+"""The plain-TCP KV transport: one connection per request, the frame received straight into the source slot.
+
+Decode side (:class:`TcpTransport`): connect, send the request (:data:`~atom_engine.pd.wire.REQUEST`), send a
+heartbeat byte every quarter of the lease until the frame starts, then receive the frame: its small prefix and
+header into bytes, its payload with ``recv_into`` directly into the slot's preallocated buffer (no intermediate
+copy), hashing each piece as it lands. Every wait is bounded (connect, the first byte, each piece, the whole
+attempt). Cancelling a fetch closes the socket, which is how the worker learns that the decoder left.
+
+Worker side (:class:`TcpServer`, :class:`TcpConnection`): accept, read one request, and while it is queued or
+computing, watch the socket: end of stream (the decoder closed or died) or no heartbeat for the request's lease
+(the decoder hangs, or its host vanished without a FIN) sets the request's ``gone`` event, which stops the
+prefill before its next chunk and drops the request. The frame is sent with ``sendall`` from the tensors'
+memory in pieces, each bounded by the send timeout; the kernel's socket buffers are the backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from atom_engine.pd.transport import PrefillRequest, Timeouts, TransferStats, WorkerFailed
+from atom_engine.pd.wire import (
+    ERROR,
+    FRAME,
+    HEARTBEAT,
+    PING,
+    REQUEST,
+    CorruptTransfer,
+    Expect,
+    Shipment,
+    message,
+    read_frame,
+    read_message,
+)
+
+log = logging.getLogger("atom_engine.pd")
+SEND_PIECE = 4 << 20  # each sendall of a frame is bounded by the send timeout; pieces keep that bound meaningful
+SOCKET_BUFFER = 4 << 20  # asked of the kernel for both directions (it may cap it)
+
+
+class StreamEnded(ConnectionError):
+    """The peer closed the stream before a message was whole."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+
+
+class SocketReader:
+    """:class:`~atom_engine.pd.wire.Reader` on a non-blocking socket: the first byte may take ``first``
+    seconds (the worker's queue and the prefill), each later piece ``each``."""
+
+    def __init__(self, sock: socket.socket, first: float, each: float) -> None:
+        self.sock, self.first, self.each = sock, first, each
+        self.loop = asyncio.get_running_loop()
+        self.received = 0
+        self.started_at = 0.0
+
+    async def read_exactly(self, n: int) -> bytes:
+        buf = bytearray(n)
+        await self._fill(memoryview(buf), None)
+        return bytes(buf)
+
+    async def read_into(self, view: memoryview, hasher: Any) -> None:
+        await self._fill(view, hasher)
+
+    async def _fill(self, view: memoryview, hasher: Any) -> None:
+        done, total = 0, len(view)
+        async with asyncio.timeout(None) as bound:
+            while done < total:
+                bound.reschedule(self.loop.time() + (self.each if self.received else self.first))
+                n = await self.loop.sock_recv_into(self.sock, view[done:])
+                if n == 0:
+                    raise StreamEnded(f"the stream ended after {done} of {total} bytes")
+                if not self.received:
+                    self.started_at = time.perf_counter()
+                if hasher is not None:
+                    hasher.update(view[done : done + n])
+                done += n
+                self.received += n
+
+
+class TcpTransport:
+    """The decode side's :class:`~atom_engine.pd.transport.KVTransport` over plain TCP."""
+
+    def __init__(self, timeouts: Timeouts | None = None) -> None:
+        self.timeouts = timeouts or Timeouts()
+        self.stats = TransferStats()
+
+    async def fetch(self, address: str, request: PrefillRequest, expect: Expect, buffer: bytearray | None
+                    ) -> Shipment:
+        t = self.timeouts
+        sock = await self._connect(address)
+        reader = SocketReader(sock, t.response, t.read)
+        beating: asyncio.Task | None = None
+        try:
+            async with asyncio.timeout(t.total):
+                await asyncio.get_running_loop().sock_sendall(sock, message(REQUEST, request.header(t.lease)))
+                beating = asyncio.create_task(self._heartbeats(sock, reader))
+                kind, header = await read_message(reader, (FRAME, ERROR))
+                if kind == ERROR:
+                    status = header.get("status")
+                    # 503: the worker is draining (or not serving yet) and did nothing: as good as not there.
+                    raise WorkerFailed(f"HTTP {status}: {str(header.get('message'))[:300]}", unanswered=status == 503)
+                ship = await read_frame(reader, expect, buffer, header)
+            self.stats.transfer_seconds += time.perf_counter() - reader.started_at
+            return ship
+        except TimeoutError as exc:
+            raise WorkerFailed(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
+                               f" total {t.total}s)") from exc
+        except CorruptTransfer as exc:
+            raise WorkerFailed(f"corrupt KV transfer refused: {exc}") from exc
+        except OSError as exc:  # reset, or the stream ended: before any byte, a worker stopping or not there yet
+            raise WorkerFailed(f"{type(exc).__name__}: {exc}", unanswered=reader.received == 0) from exc
+        finally:
+            self.stats.bytes_received += reader.received
+            if beating is not None:
+                beating.cancel()
+            sock.close()  # before anything else can wait: a cancel reaches the worker as the end of the stream
+
+    async def _connect(self, address: str) -> socket.socket:
+        host, port = split_address(address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            _tune(sock)
+            async with asyncio.timeout(self.timeouts.connect):
+                await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        except TimeoutError as exc:
+            sock.close()
+            raise WorkerFailed(f"connect timed out after {self.timeouts.connect}s", unanswered=True) from exc
+        except OSError as exc:
+            sock.close()
+            raise WorkerFailed(f"cannot connect to {address}: {exc}", unanswered=True) from exc
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _heartbeats(self, sock: socket.socket, reader: SocketReader) -> None:
+        """Renew the worker's lease on the request until the frame starts."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):
+            while not reader.received:
+                await asyncio.sleep(self.timeouts.lease / 4)
+                if not reader.received:
+                    await loop.sock_sendall(sock, HEARTBEAT)
+
+    async def ping(self, address: str) -> bool:
+        try:
+            sock = await self._connect(address)
+        except WorkerFailed:
+            return False
+        try:
+            async with asyncio.timeout(self.timeouts.connect):
+                await asyncio.get_running_loop().sock_sendall(sock, message(PING, {}))
+                kind, _ = await read_message(SocketReader(sock, self.timeouts.connect, self.timeouts.connect),
+                                             (PING,))
+                return kind == PING
+        except (OSError, TimeoutError, CorruptTransfer):
+            return False
+        finally:
+            sock.close()
+
+    async def close(self) -> None:
+        pass  # one connection per fetch: nothing outlives it
+
+
+class TcpConnection:
+    """The worker's end of one decoder's connection."""
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock, self.peer = sock, peer
+        self.loop = asyncio.get_running_loop()
+        self.sending = False  # the frame has started: the lease no longer applies, the send timeouts do
+        self.sent = 0
+
+    async def read_request(self, timeout: float) -> tuple[bytes, dict[str, Any]]:
+        """The request (or a ping); CorruptTransfer for anything else, StreamEnded/OSError/TimeoutError for a
+        decoder that left or said nothing."""
+        async with asyncio.timeout(timeout):
+            return await read_message(SocketReader(self.sock, timeout, timeout), (REQUEST, PING))
+
+    async def watch(self, lease: float, gone: threading.Event) -> str:
+        """Until the decoder leaves or its lease expires (then ``gone`` is set): why it ended."""
+        while True:
+            try:
+                async with asyncio.timeout(None if self.sending else lease):
+                    data = await self.loop.sock_recv(self.sock, 4096)
+            except TimeoutError:
+                if self.sending:
+                    continue
+                reason = f"lease expired (nothing heard for {lease:g}s)"
+                break
+            except OSError as exc:
+                reason = f"decoder gone ({type(exc).__name__})"
+                break
+            if not data:
+                reason = "decoder gone (end of stream)"
+                break
+            if data.strip(HEARTBEAT):
+                reason = "protocol error (bytes other than heartbeats after the request)"
+                break
+        gone.set()
+        return reason
+
+    async def send(self, parts: list[memoryview | bytes], timeout: float) -> None:
+        """Write ``parts`` in order, each piece bounded by ``timeout`` (``sent`` counts what went out)."""
+        self.sending = True
+        for part in parts:
+            view = memoryview(part).cast("B")
+            for off in range(0, view.nbytes, SEND_PIECE):
+                piece = view[off : off + SEND_PIECE]
+                async with asyncio.timeout(timeout):
+                    await self.loop.sock_sendall(self.sock, piece)  # from the tensors' memory: no copy
+                self.sent += piece.nbytes
+
+    async def send_error(self, status: int, text: str, code: str, timeout: float) -> None:
+        """Best effort: a decoder that is gone gets nothing."""
+        with contextlib.suppress(OSError, TimeoutError):
+            await self.send([message(ERROR, {"status": status, "message": text, "code": code})], timeout)
+
+    async def finish(self, linger: float = 1.0) -> None:
+        """Close after the peer had the chance to read what was sent: closing with unread input would reset the
+        connection and could lose the last message (an error's explanation)."""
+        with contextlib.suppress(OSError, TimeoutError):
+            self.sock.shutdown(socket.SHUT_WR)
+            async with asyncio.timeout(linger):
+                while await self.loop.sock_recv(self.sock, 65536):
+                    pass
+        self.sock.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class TcpServer:
+    """The worker's listener: each connection served by ``handle`` in its own task."""
+
+    def __init__(self, handle: Callable[[TcpConnection], Awaitable[None]]) -> None:
+        self.handle = handle
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
+        self._serving: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: a free port); the port bound."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=512)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(self._listener))
+        return self.port
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, peer = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors, a reset in the backlog: keep listening
+                log.warning("event=kv_accept_failed error=%r", exc)
+                await asyncio.sleep(0.1)
+                continue
+            _tune(sock)
+            task = loop.create_task(self._serve(TcpConnection(sock, f"{peer[0]}:{peer[1]}")))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    async def _serve(self, conn: TcpConnection) -> None:
+        try:
+            await self.handle(conn)
+            await conn.finish()
+        except Exception:  # a bug in the handler: that connection only
+            log.exception("event=kv_connection_error peer=%s", conn.peer)
+        finally:
+            conn.close()
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop listening; let requests under way finish for ``grace`` seconds, then cut them."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+        if self._serving and grace > 0:
+            await asyncio.wait(set(self._serving), timeout=grace)
+        for task in list(self._serving):
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)

@@ -40,6 +40,7 @@ from atom_engine.server.protocol import (
     parse,
 )
 from atom_engine.server.structured import StructuredOutputs
+from atom_engine.server.tools import ToolRequest, ToolStream, chat_message, chat_tools, check_template, tool_request
 
 log = logging.getLogger("atom_engine.server")
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -82,6 +83,7 @@ class _Call:
     req: _Common
     choices: list[_Choice]
     prompt_tokens: int  # each prompt once, as vLLM counts them (not once per n)
+    tools: ToolRequest | None = None  # chat: the tools whose calls the output may hold (parsed out of the text)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -131,11 +133,12 @@ class OpenAIRoutes:
             self._check_model(req.model)
             req.check()
             req.check_vocab(self.engine.vocab_size)
-            ids = self._encode(self.chat_template.render(req.messages), add_special_tokens=False)
+            tools = chat_tools(req, self.chat_template.tool_format, self.engine.settings.model_source)
+            ids = self._encode(self.chat_template.render(req.messages, tools=tools.rendered), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))
-            params = await self.structured.apply(req.grammar(), params)
-            return await self._serve(request, rid, "chat", req, [(None, ids)], params)
+            params = await self.structured.apply(req.grammar() or tools.grammar, params)
+            return await self._serve(request, rid, "chat", req, [(None, ids)], params, tools.parse)
         except ApiError as exc:
             return self._refused(rid, exc)
 
@@ -149,7 +152,10 @@ class OpenAIRoutes:
             if req.messages is None:
                 text, specials = req.prompt, req.add_special_tokens
             else:  # a rendered template holds its own special tokens (vLLM's chat default)
-                text, specials = self.chat_template.render(req.messages, req.add_generation_prompt), False
+                tools = tool_request(req.tools, None, None)
+                check_template(tools, False, self.chat_template.tool_format, self.engine.settings.model_source)
+                rendered = list(tools.tools) if tools is not None else None
+                text, specials = self.chat_template.render(req.messages, req.add_generation_prompt, rendered), False
             ids = self._encode(text, add_special_tokens=specials) if text else []
             strs = [self._text_of(t) for t in ids] if req.return_token_strs else None
             return web.json_response({"count": len(ids), "max_model_len": self.engine.settings.max_seq_len,
@@ -225,7 +231,8 @@ class OpenAIRoutes:
 
     # -- serving ----------------------------------------------------------------------------------
     async def _serve(self, request: web.Request, rid: str, kind: str, req: _Common,
-                     prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> web.StreamResponse:
+                     prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
+                     tools: ToolRequest | None = None) -> web.StreamResponse:
         arrived = time.perf_counter()
         n = req.n
         choices: list[_Choice] = []
@@ -257,7 +264,7 @@ class OpenAIRoutes:
             log.info("event=request_queued request_id=%s kind=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
                      " stream=%s", rid, kind, len(prompts), n, sum(len(ids) for _, ids in prompts),
                      params.max_tokens, req.stream)
-            call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts))
+            call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts), tools=tools)
             if req.stream:
                 return await self._sse(request, call)
             return await self._whole(call)
@@ -320,9 +327,9 @@ class OpenAIRoutes:
                                   "stop_reason": end.stop_reason}
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if isinstance(req, ChatCompletionRequest):
-            # refusal and annotations: required by OpenAI's schema (this engine never refuses, cites nothing)
-            choice["message"] = {"role": "assistant", "content": end.final_text or "", "refusal": None,
-                                 "annotations": []}
+            choice["message"], called = chat_message(end.final_text or "", call.tools)
+            if called and end.finish_reason is FinishReason.STOP:
+                choice["finish_reason"] = "tool_calls"
             if req.logprobs:
                 choice["logprobs"] = chat_logprobs(c.logprobs, text_of)
         else:
@@ -356,6 +363,7 @@ class OpenAIRoutes:
         resp: web.StreamResponse | None = None
         opts = call.req.stream_options
         continuous = opts is not None and opts.continuous_usage_stats
+        tool_streams = {c.index: ToolStream() for c in call.choices} if call.tools is not None else {}
 
         async def send(obj: dict | str) -> None:
             nonlocal resp
@@ -380,9 +388,15 @@ class OpenAIRoutes:
                     first = not c.tokens
                     c.take(out)
                     text = out.text  # the engine's detokenizer: held back where a stop string may still cut
-                    if out.new_tokens or text or out.finished:
-                        chunk = self._chunk(call, c, text, out.finish_reason if out.finished else None, out,
-                                            first=first)
+                    finish = out.finish_reason if out.finished else None
+                    delta: str | dict = text
+                    if (ts := tool_streams.get(c.index)) is not None:  # tool calls leave the text as deltas
+                        text, calls = ts.feed(text, out.finished)
+                        delta = {**({"content": text} if text else {}), "tool_calls": calls} if calls else text
+                        if finish is FinishReason.STOP and ts.called:
+                            finish = "tool_calls"
+                    if out.new_tokens or delta or out.finished:
+                        chunk = self._chunk(call, c, delta, finish, out, first=first)
                         if continuous:
                             chunk["usage"] = self._choice_usage(c)
                         await send(chunk)

@@ -39,6 +39,7 @@ from atom_engine.server.protocol import (
     _Common,
     parse,
 )
+from atom_engine.server.responses_route import ResponsesAPI
 from atom_engine.server.structured import StructuredOutputs
 from atom_engine.server.tools import ToolRequest, ToolStream, chat_message, chat_tools, check_template, tool_request
 
@@ -97,12 +98,14 @@ class OpenAIRoutes:
         self.model_name = engine.settings.model_name
         self.chat_template = ChatTemplate(engine.settings.model_source)
         self.structured = StructuredOutputs(engine)
+        self.responses_api = ResponsesAPI(self)
         self.rejected = 0
 
     # method, path, handler: the server registers these (answering 503 until the model is loaded)
     ROUTES = (("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
               ("GET", "/v1/models", "models"), ("POST", "/tokenize", "tokenize"),
-              ("POST", "/detokenize", "detokenize"), ("GET", "/tokenizer_info", "tokenizer_info"))
+              ("POST", "/detokenize", "detokenize"), ("GET", "/tokenizer_info", "tokenizer_info"),
+              ("POST", "/v1/responses", "responses"), ("GET", "/v1/responses/{response_id}", "get_response"))
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atom",
@@ -141,6 +144,12 @@ class OpenAIRoutes:
             return await self._serve(request, rid, "chat", req, [(None, ids)], params, tools.parse)
         except ApiError as exc:
             return self._refused(rid, exc)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.responses_api.create(request)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        return await self.responses_api.get(request)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
@@ -249,14 +258,8 @@ class OpenAIRoutes:
                         stream = await streams.enter_async_context(aclosing(self._timed(outputs, arrived)))
                         prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
                         choices.append(_Choice(index, request_id, ids, stream, prompt_text))
-            except ContextTooLong as exc:
-                raise ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded") from None
-            except RequestRejected as exc:
-                raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
-            except QueueFull as exc:
-                raise ApiError(429, str(exc), code="queue_full") from None
-            except EngineDead as exc:
-                raise ApiError(503, str(exc), code="engine_dead") from None
+            except (RequestRejected, QueueFull, EngineDead) as exc:
+                raise submit_error(exc) from None
             finally:
                 if len(choices) < len(prompts) * n:  # refused part way: the choices queued go
                     for c in choices:
@@ -460,6 +463,18 @@ class OpenAIRoutes:
     def _choice_usage(c: _Choice) -> dict[str, int]:
         prompt, done = len(c.prompt), len(c.tokens)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+def submit_error(exc: RequestRejected | QueueFull | EngineDead) -> ApiError:
+    """A request the engine would not queue: 400 (it can never fit, or is malformed), 429 (the queue is full),
+    503 (the engine is dead)."""
+    if isinstance(exc, ContextTooLong):
+        return ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded")
+    if isinstance(exc, RequestRejected):
+        return ApiError(400, str(exc), param="prompt", code="invalid_prompt")
+    if isinstance(exc, QueueFull):
+        return ApiError(429, str(exc), code="queue_full")
+    return ApiError(503, str(exc), code="engine_dead")
 
 
 async def _merge(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StepOutput]]:

@@ -75,3 +75,24 @@ def test_invalid_sources_raise_grammar_error_without_the_cxx_location() -> None:
     with pytest.raises(GrammarError) as info:
         g.compile(GrammarSpec("regex", "(a"))
     assert not re.search(r"\.cc:\d+", str(info.value)) and "parenthesis" in str(info.value)
+
+
+def test_with_speculation_grammar_lanes_take_no_draft_and_free_lanes_keep_theirs() -> None:
+    """Greedy grammar lanes beside greedy free ones in a batch that drafts: no draft token reaches a grammar lane
+    (it would be checked against the unmasked argmax), and every output is what it is without speculation."""
+    prompts = ["the quick brown fox jumps over the lazy dog " * 3, "abc abc abc abc", "x y x y x y"] * 2
+    outs = {}
+    for spec in (0, 4):
+        engine = LLMEngine(EngineSettings(**{**SETTINGS, "speculative_tokens": spec}))
+        grammar = grammars(engine).compile(GrammarSpec("regex", "(abc ){2,6}[0-9]{1,3}"))
+        params = [SamplingParams(max_tokens=40, grammar=grammar if i % 2 else None) for i in range(len(prompts))]
+        seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while not all(s.finished for s in seqs):
+            engine.step()
+        assert all(s.drafter is None for s in seqs if s.params.grammar is not None)  # never drafted for
+        outs[spec] = [engine.output(s).text for s in seqs]
+        if spec:
+            assert engine.stats()["draft_tokens"] > 0  # the free lanes did draft
+        engine.kv.check_invariant()
+    assert outs[0] == outs[4]
+    assert all(re.fullmatch(r"(abc ){2,6}[0-9]{1,3}", t) for t in outs[4][1::2])

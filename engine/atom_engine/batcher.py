@@ -268,11 +268,11 @@ class Batcher:
         return Import(seq, loaded)
 
     def _drafts(self, batch: list[Sequence | None]) -> list[list[int]]:
-        """Each lane's draft: plain greedy lanes only (a draft is checked against the argmax), never past the
+        """Each lane's draft: greedy lanes only (a draft is checked against the argmax), never past the
         request's max_tokens (so never past maxSeqLen)."""
         drafts: list[list[int]] = []
         for seq in batch:
-            k = 0 if seq is None or not seq.params.plain_greedy else min(
+            k = 0 if seq is None or not seq.params.takes_drafts else min(
                 self.speculative_tokens, seq.params.max_tokens - len(seq.output) - 1)
             if k <= 0:
                 drafts.append([])

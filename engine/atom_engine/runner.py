@@ -12,7 +12,7 @@ from atom_engine.capabilities import Capabilities
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.model.llama import LlamaForCausalLM
-from atom_engine.sampling import prompt_logprobs, sample, sample_batch
+from atom_engine.sampling import prompt_logprobs, sample, sample_batch, verify_draft
 from atom_engine.sequence import Sequence
 from atom_engine.settings import EngineSettings
 
@@ -154,8 +154,9 @@ class ModelRunner:
     def _check_drafts(self, batch: list[Sequence | None], drafts: list[list[int]]) -> None:
         if len(batch) != self.lanes or len(drafts) != self.lanes:
             raise ValueError(f"a decode batch has {self.lanes} lanes; got {len(batch)} and {len(drafts)} drafts")
-        if any(d and (s is None or not s.params.plain_greedy) for s, d in zip(batch, drafts, strict=True)):
-            raise ValueError("only plain greedy lanes take a draft (it is checked against the argmax)")
+        if any(d and (s is None or not s.params.takes_drafts) for s, d in zip(batch, drafts, strict=True)):
+            raise ValueError("only greedy lanes take a draft (it is checked against the argmax, or the argmax under"
+                             " the lane's grammar)")
 
     def _accept(self, batch: list[Sequence | None], drafts: list[list[int]], logits: torch.Tensor
                 ) -> list[list[int] | None]:
@@ -170,6 +171,8 @@ class ModelRunner:
                 continue
             if not draft:
                 out.append([greedy[row] if seq.params.plain_greedy else sample(logits[row], seq)])
+            elif seq.params.grammar is not None:  # checked against the argmax under the grammar's mask
+                out.append(verify_draft(logits[row : row + 1 + len(draft)], draft, seq))
             else:
                 agreed = 0
                 while agreed < len(draft) and draft[agreed] == greedy[row + agreed]:

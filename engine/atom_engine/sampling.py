@@ -66,10 +66,32 @@ def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
         counts = torch.bincount(torch.tensor(seq.output, dtype=torch.long), minlength=vocab)[:vocab].to(x.dtype)
         x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
     if p.grammar is not None:  # structured outputs: what the grammar forbids after the output so far
-        if seq.constraint is None:
-            seq.constraint = p.grammar.constraint()
-        seq.constraint.mask(x, len(seq.output))
+        _constraint(seq).mask(x, len(seq.output))
     return x
+
+
+def _constraint(seq: Sequence):  # noqa: ANN202 (an atom_engine.structured.constraint.Constraint)
+    if seq.constraint is None:
+        seq.constraint = seq.params.grammar.constraint()
+    return seq.constraint
+
+
+def verify_draft(rows: torch.Tensor, draft: list[int], seq: Sequence) -> list[int]:
+    """A greedy grammar lane's tokens from the logits ``[1 + len(draft), vocab]`` of its last token and draft:
+    at each position the argmax of the logits the grammar masks (the matcher following the tokens taken), the
+    draft token kept while it is that argmax, then the lane's own token. A draft token the grammar forbids is
+    never kept (its masked logit is -inf), even where the raw argmax agrees with it."""
+    c = _constraint(seq)
+    out: list[int] = []
+    for j in range(len(draft) + 1):
+        x = rows[j].to(torch.float32).clone()
+        c.mask(x, len(seq.output) + j)
+        token = int(torch.argmax(x))
+        c.accept(token)
+        out.append(token)
+        if j == len(draft) or token != draft[j] or c.terminated:  # past the grammar's end nothing follows
+            break
+    return out
 
 
 def token_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:

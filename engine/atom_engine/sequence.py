@@ -77,6 +77,14 @@ class SamplingParams:
         """An argmax of the raw logits is the whole job: the batched fast path of a decode step."""
         return self.greedy and not self.shapes_logits and self.logprobs is None
 
+    @property
+    def takes_drafts(self) -> bool:
+        """The next token is the argmax of the raw logits, or of the logits the request's grammar masks: a
+        prompt-lookup draft can be checked against it (atom_engine.sampling.verify_draft)."""
+        return self.plain_greedy or (self.greedy and self.logprobs is None and self.grammar is not None and not (
+            self.min_tokens > 0 or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0 or self.logit_bias))
+
 
 @dataclass(frozen=True)
 class TokenLogprob:

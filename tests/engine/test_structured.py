@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import torch
 from atom_engine.engine import LLMEngine
-from atom_engine.sampling import sample
+from atom_engine.sampling import sample, verify_draft
 from atom_engine.sequence import SamplingParams, Sequence
 from atom_engine.settings import EngineSettings
 from atom_engine.structured.compiler import GrammarError, Grammars
@@ -75,3 +75,41 @@ def test_invalid_sources_raise_grammar_error_without_the_cxx_location() -> None:
     with pytest.raises(GrammarError) as info:
         g.compile(GrammarSpec("regex", "(a"))
     assert not re.search(r"\.cc:\d+", str(info.value)) and "parenthesis" in str(info.value)
+
+
+def test_with_speculation_grammar_lanes_draft_and_give_what_they_give_without() -> None:
+    """Greedy grammar lanes beside greedy free ones in a batch that drafts: each lane's draft is checked against
+    its own argmax (under its grammar's mask for a grammar lane), so every output is what it is without
+    speculation, and the grammar's outputs still match it."""
+    prompts = ["abc abc abc abc abc abc abc abc", "the quick brown fox jumps over the lazy dog " * 3,
+               "x y x y x y x y", "abc abc abc 12 abc abc abc 12"] * 2
+    regex = r"(abc ){2,6}[0-9]{1,3}"
+    outs, drafted = {}, {}
+    for spec in (0, 4):
+        engine = LLMEngine(EngineSettings(**{**SETTINGS, "lanes": 4, "kv_blocks": 7, "speculative_tokens": spec}))
+        grammar = grammars(engine).compile(GrammarSpec("regex", regex))
+        params = [SamplingParams(max_tokens=40, grammar=grammar if i % 2 == 0 else None) for i in range(len(prompts))]
+        seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        while not all(s.finished for s in seqs):
+            engine.step()
+        outs[spec] = [engine.output(s).text for s in seqs]
+        drafted[spec] = [s.drafter is not None for s in seqs if s.params.grammar is not None]
+        engine.kv.check_invariant()
+    assert any(drafted[4]) and not any(drafted[0])  # grammar lanes drafted where speculation is on
+    assert outs[0] == outs[4]
+    assert all(re.fullmatch(regex, t) for t in outs[4][0::2])
+
+
+def test_a_draft_token_the_grammar_forbids_is_never_kept() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    grammar = grammars(engine).compile(GrammarSpec("regex", "ab(c|d)"))
+    seq = Sequence("r", [1], SamplingParams(max_tokens=8, grammar=grammar))
+    rows = torch.zeros(3, engine.vocab_size)
+    rows[0, ord("b")] = 9.0  # the raw argmax agrees with the draft's first token, which the grammar forbids here
+    rows[0, ord("a")] = 1.0
+    assert verify_draft(rows, [ord("b"), ord("c")], seq) == [ord("a")]
+    seq.output.append(ord("a"))
+    rows = torch.zeros(3, engine.vocab_size)
+    rows[0, ord("b")], rows[1, ord("x")], rows[1, ord("d")] = 5.0, 9.0, 1.0
+    # "b" is kept; at the next position the raw argmax "x" is forbidden, the grammar's best is "d"
+    assert verify_draft(rows, [ord("b"), ord("x")], seq) == [ord("b"), ord("d")]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from atom_engine.model.builtin import checkpoint_path
 from atom_engine.server.protocol import ChatMessage
+from atom_engine.server.tools import template_tool_format
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -46,7 +47,7 @@ def read_template(path: Path) -> tuple[str | None, dict[str, str]]:
     return (source if isinstance(source, str) else None), specials
 
 
-def _compile(source: str):  # noqa: ANN202 (a jinja2 Template; jinja2 is imported lazily)
+def _environment():  # noqa: ANN202 (a jinja2 Environment; jinja2 is imported lazily)
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -63,25 +64,38 @@ def _compile(source: str):  # noqa: ANN202 (a jinja2 Template; jinja2 is importe
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
+
+
+def template_reads(source: str) -> set[str]:
+    """The top-level variables a template reads (``messages``, ``tools``, ...)."""
+    import jinja2.meta
+
+    return set(jinja2.meta.find_undeclared_variables(_environment().parse(source)))
 
 
 class ChatTemplate:
     def __init__(self, model_source: str) -> None:
         self._template = None
         self._specials: dict[str, str] = {}
+        self.tool_format: str | None = None  # the tool-call format it teaches (atom_engine.server.tools)
         path = checkpoint_path(model_source)
         if path is not None:
             source, self._specials = read_template(path)
             if source is not None:
-                self._template = _compile(source)
+                self._template = _environment().from_string(source)
+                self.tool_format = template_tool_format(source, template_reads(source))
 
     @property
     def plain(self) -> bool:
         return self._template is None
 
-    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """``tools``: as transformers' ``apply_chat_template(tools=...)`` passes them (only to a template that
+        reads them: :func:`atom_engine.server.tools.check_template`)."""
         if self._template is None:
             return plain_template(messages)
+        extra = {"tools": tools} if tools else {}
         return self._template.render(messages=[m.template_dict() for m in messages],
-                                     add_generation_prompt=add_generation_prompt, **self._specials)
+                                     add_generation_prompt=add_generation_prompt, **extra, **self._specials)

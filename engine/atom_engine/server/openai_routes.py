@@ -39,7 +39,9 @@ from atom_engine.server.protocol import (
     _Common,
     parse,
 )
+from atom_engine.server.responses_route import ResponsesAPI
 from atom_engine.server.structured import StructuredOutputs
+from atom_engine.server.tools import ToolRequest, ToolStream, chat_message, chat_tools, check_template, tool_request
 
 log = logging.getLogger("atom_engine.server")
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -82,6 +84,7 @@ class _Call:
     req: _Common
     choices: list[_Choice]
     prompt_tokens: int  # each prompt once, as vLLM counts them (not once per n)
+    tools: ToolRequest | None = None  # chat: the tools whose calls the output may hold (parsed out of the text)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -95,12 +98,14 @@ class OpenAIRoutes:
         self.model_name = engine.settings.model_name
         self.chat_template = ChatTemplate(engine.settings.model_source)
         self.structured = StructuredOutputs(engine)
+        self.responses_api = ResponsesAPI(self)
         self.rejected = 0
 
     # method, path, handler: the server registers these (answering 503 until the model is loaded)
     ROUTES = (("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
               ("GET", "/v1/models", "models"), ("POST", "/tokenize", "tokenize"),
-              ("POST", "/detokenize", "detokenize"), ("GET", "/tokenizer_info", "tokenizer_info"))
+              ("POST", "/detokenize", "detokenize"), ("GET", "/tokenizer_info", "tokenizer_info"),
+              ("POST", "/v1/responses", "responses"), ("GET", "/v1/responses/{response_id}", "get_response"))
 
     async def models(self, _request: web.Request) -> web.Response:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atom",
@@ -131,13 +136,20 @@ class OpenAIRoutes:
             self._check_model(req.model)
             req.check()
             req.check_vocab(self.engine.vocab_size)
-            ids = self._encode(self.chat_template.render(req.messages), add_special_tokens=False)
+            tools = chat_tools(req, self.chat_template.tool_format, self.engine.settings.model_source)
+            ids = self._encode(self.chat_template.render(req.messages, tools=tools.rendered), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))
-            params = await self.structured.apply(req.grammar(), params)
-            return await self._serve(request, rid, "chat", req, [(None, ids)], params)
+            params = await self.structured.apply(req.grammar() or tools.grammar, params)
+            return await self._serve(request, rid, "chat", req, [(None, ids)], params, tools.parse)
         except ApiError as exc:
             return self._refused(rid, exc)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.responses_api.create(request)
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        return await self.responses_api.get(request)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
@@ -149,7 +161,10 @@ class OpenAIRoutes:
             if req.messages is None:
                 text, specials = req.prompt, req.add_special_tokens
             else:  # a rendered template holds its own special tokens (vLLM's chat default)
-                text, specials = self.chat_template.render(req.messages, req.add_generation_prompt), False
+                tools = tool_request(req.tools, None, None)
+                check_template(tools, False, self.chat_template.tool_format, self.engine.settings.model_source)
+                rendered = list(tools.tools) if tools is not None else None
+                text, specials = self.chat_template.render(req.messages, req.add_generation_prompt, rendered), False
             ids = self._encode(text, add_special_tokens=specials) if text else []
             strs = [self._text_of(t) for t in ids] if req.return_token_strs else None
             return web.json_response({"count": len(ids), "max_model_len": self.engine.settings.max_seq_len,
@@ -224,7 +239,8 @@ class OpenAIRoutes:
 
     # -- serving ----------------------------------------------------------------------------------
     async def _serve(self, request: web.Request, rid: str, kind: str, req: _Common,
-                     prompts: list[tuple[str | None, list[int]]], params: SamplingParams) -> web.StreamResponse:
+                     prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
+                     tools: ToolRequest | None = None) -> web.StreamResponse:
         arrived = time.perf_counter()
         n = req.n
         choices: list[_Choice] = []
@@ -241,14 +257,8 @@ class OpenAIRoutes:
                         stream = await streams.enter_async_context(aclosing(self._timed(outputs, arrived)))
                         prompt_text = text if text is not None else self._decode(ids) if self._echo(req) else ""
                         choices.append(_Choice(index, request_id, ids, stream, prompt_text))
-            except ContextTooLong as exc:
-                raise ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded") from None
-            except RequestRejected as exc:
-                raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
-            except QueueFull as exc:
-                raise ApiError(429, str(exc), code="queue_full") from None
-            except EngineDead as exc:
-                raise ApiError(503, str(exc), code="engine_dead") from None
+            except (RequestRejected, QueueFull, EngineDead) as exc:
+                raise submit_error(exc) from None
             finally:
                 if len(choices) < len(prompts) * n:  # refused part way: the choices queued go
                     for c in choices:
@@ -256,7 +266,7 @@ class OpenAIRoutes:
             log.info("event=request_queued request_id=%s kind=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
                      " stream=%s", rid, kind, len(prompts), n, sum(len(ids) for _, ids in prompts),
                      params.max_tokens, req.stream)
-            call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts))
+            call = _Call(rid, kind, req, choices, sum(len(ids) for _, ids in prompts), tools=tools)
             if req.stream:
                 return await self._sse(request, call)
             return await self._whole(call)
@@ -319,9 +329,9 @@ class OpenAIRoutes:
                                   "stop_reason": end.stop_reason}
         text_of = token_text_fn(self.engine.tokenizer, req.return_tokens_as_token_ids)
         if isinstance(req, ChatCompletionRequest):
-            # refusal and annotations: required by OpenAI's schema (this engine never refuses, cites nothing)
-            choice["message"] = {"role": "assistant", "content": end.final_text or "", "refusal": None,
-                                 "annotations": []}
+            choice["message"], called = chat_message(end.final_text or "", call.tools)
+            if called and end.finish_reason is FinishReason.STOP:
+                choice["finish_reason"] = "tool_calls"
             if req.logprobs:
                 choice["logprobs"] = chat_logprobs(c.logprobs, text_of)
         else:
@@ -355,6 +365,7 @@ class OpenAIRoutes:
         resp: web.StreamResponse | None = None
         opts = call.req.stream_options
         continuous = opts is not None and opts.continuous_usage_stats
+        tool_streams = {c.index: ToolStream() for c in call.choices} if call.tools is not None else {}
 
         async def send(obj: dict | str) -> None:
             nonlocal resp
@@ -379,9 +390,15 @@ class OpenAIRoutes:
                     first = not c.tokens
                     c.take(out)
                     text = out.text  # the engine's detokenizer: held back where a stop string may still cut
-                    if out.new_tokens or text or out.finished:
-                        chunk = self._chunk(call, c, text, out.finish_reason if out.finished else None, out,
-                                            first=first)
+                    finish = out.finish_reason if out.finished else None
+                    delta: str | dict = text
+                    if (ts := tool_streams.get(c.index)) is not None:  # tool calls leave the text as deltas
+                        text, calls = ts.feed(text, out.finished)
+                        delta = {**({"content": text} if text else {}), "tool_calls": calls} if calls else text
+                        if finish is FinishReason.STOP and ts.called:
+                            finish = "tool_calls"
+                    if out.new_tokens or delta or out.finished:
+                        chunk = self._chunk(call, c, delta, finish, out, first=first)
                         if continuous:
                             chunk["usage"] = self._choice_usage(c)
                         await send(chunk)
@@ -445,6 +462,18 @@ class OpenAIRoutes:
     def _choice_usage(c: _Choice) -> dict[str, int]:
         prompt, done = len(c.prompt), len(c.tokens)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+def submit_error(exc: RequestRejected | QueueFull | EngineDead) -> ApiError:
+    """A request the engine would not queue: 400 (it can never fit, or is malformed), 429 (the queue is full),
+    503 (the engine is dead)."""
+    if isinstance(exc, ContextTooLong):
+        return ApiError(400, str(exc), param="max_tokens", code="context_length_exceeded")
+    if isinstance(exc, RequestRejected):
+        return ApiError(400, str(exc), param="prompt", code="invalid_prompt")
+    if isinstance(exc, QueueFull):
+        return ApiError(429, str(exc), code="queue_full")
+    return ApiError(503, str(exc), code="engine_dead")
 
 
 async def _merge(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, StepOutput]]:

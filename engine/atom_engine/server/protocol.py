@@ -6,6 +6,7 @@ Field names, defaults and bounds follow vLLM's OpenAI server (``vllm/entrypoints
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
@@ -14,6 +15,7 @@ from atom_engine.sequence import MAX_LOGPROBS, SamplingParams
 from atom_engine.server.errors import ApiError
 from atom_engine.server.fields import check_extra
 from atom_engine.server.structured import spec_of
+from atom_engine.server.tools import ToolRequest, tool_request
 from atom_engine.structured.spec import GrammarSpec
 
 INT64 = 2**63
@@ -176,6 +178,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (arguments: a JSON string)
+    tool_call_id: str | None = None  # a tool message's: the call it answers
 
     def check(self, where: str) -> None:
         """Every content part is text (a 400 naming the first that is not)."""
@@ -193,6 +197,17 @@ class ChatMessage(BaseModel):
                 raise ApiError(400, f"{where}.content[{j}]: a {kind!r} part needs a string {key!r}",
                                param="messages", code="invalid_value")
         check_extra({k: v for k, v in (self.model_extra or {}).items() if k in MESSAGE_FIELDS_REFUSED})
+        for j, call in enumerate(self.tool_calls or ()):
+            fn = call.get("function")
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            try:
+                ok = isinstance(fn.get("name"), str) and isinstance(json.loads(args), dict)  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                ok = False
+            if self.role != "assistant" or not ok:
+                raise ApiError(400, f"{where}.tool_calls[{j}]: an assistant's call is {{'id': ..., 'type': 'function',"
+                               " 'function': {'name': ..., 'arguments': '<a JSON object>'}}", param="messages",
+                               code="invalid_value")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -204,11 +219,16 @@ class ChatMessage(BaseModel):
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:  # arguments as an object, as vLLM hands them to templates (they write them as JSON)
+            out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(
+                c["function"]["arguments"])}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 
 # A message's fields that carry what the prompt would lose if ignored.
-MESSAGE_FIELDS_REFUSED = frozenset({"audio", "function_call", "tool_calls"})
+MESSAGE_FIELDS_REFUSED = frozenset({"audio", "function_call"})
 
 
 class ChatCompletionRequest(_Common):
@@ -216,6 +236,9 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None  # atom_engine.server.tools
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     def check(self) -> None:
         super().check()
@@ -223,6 +246,18 @@ class ChatCompletionRequest(_Common):
             m.check(f"messages[{i}]")
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
+        tools = self.tool_request()
+        if tools is not None and tools.grammar() is not None and (asked := self.grammar()) is not None:
+            raise ApiError(400, f"{asked[0]}: not with tool_choice {tools.choice!r} (one grammar per request)",
+                           param=asked[0], code="invalid_value")
+
+    def tool_request(self) -> ToolRequest | None:
+        return tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @property
+    def history_calls(self) -> bool:
+        """The conversation holds tool calls or their results (the template must render them)."""
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
 
     def max_tokens_or(self, default: int) -> int:
         if self.max_tokens is not None:
@@ -242,6 +277,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[Any] | None = None  # vLLM's: rendered by the chat template, as the chat route does
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
     return_token_strs: StrictBool = False

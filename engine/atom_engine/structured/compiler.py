@@ -85,6 +85,9 @@ class Grammars:
                 return c.compile_grammar(f"root ::= {rule}")
             if spec.kind == "grammar":
                 return c.compile_grammar(spec.source)
+            if spec.kind == "structural_tag":  # text and tagged JSON (tool calls, :mod:`atom_engine.server.tools`)
+                ebnf = str(self._xgr.Grammar.from_structural_tag(spec.source))
+                return c.compile_grammar(ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR))
         except (RuntimeError, ValueError) as exc:
             raise GrammarError(_CXX_PREFIX.sub("", str(exc)).strip()) from None
         raise GrammarError(f"unknown grammar kind {spec.kind!r}")

@@ -35,6 +35,11 @@ class Constraint:
             raise RuntimeError(f"token {token} does not follow the request's grammar")
         self.accepted += 1
 
+    @property
+    def terminated(self) -> bool:
+        """The grammar took its stop token (EOS): the output ends here."""
+        return self._matcher.is_terminated()
+
     def allows(self, token: int, done: int) -> bool:
         """Whether ``token`` may follow ``done`` output tokens (for a draft: a token the grammar forbids is never
         accepted). Leaves the matcher at ``done``."""

@@ -6,15 +6,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "structural_tag"]
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """``source``: the schema as canonical JSON (``json_schema``), the regex, the choices as a JSON list, or the
-    EBNF text (``grammar``); empty for ``json_object``. ``any_whitespace``: JSON may hold any whitespace between
-    its tokens (vLLM's default); off, JSON is written on one line with single spaces after separators, so a
-    sampling model cannot pad with whitespace until max_tokens cuts the object off."""
+    """``source``: the schema as canonical JSON (``json_schema``), the regex, the choices as a JSON list, the
+    EBNF text (``grammar``), or xgrammar's structural tag as JSON (``structural_tag``: tagged JSON such as tool
+    calls); empty for ``json_object``. ``any_whitespace``: JSON may hold any whitespace between its tokens
+    (vLLM's default); off, JSON is written on one line with single spaces after separators, so a sampling model
+    cannot pad with whitespace until max_tokens cuts the object off."""
 
     kind: Kind
     source: str = ""

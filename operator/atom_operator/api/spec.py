@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from atom_operator.api import rules
+from atom_operator.api.autoscaling import AutoscalingSpec
 from atom_operator.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
@@ -246,6 +247,7 @@ class AtomDeploymentSpec(Strict):
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, json_schema_extra={"default": {}}, description=RoutingSpec.__doc__
     )
+    autoscaling: AutoscalingSpec | None = Field(None, description=AutoscalingSpec.__doc__)
 
     @model_validator(mode="after")
     def _limits(self) -> AtomDeploymentSpec:
@@ -275,6 +277,7 @@ class AtomDeploymentSpec(Strict):
             prefill_backend=self.prefill.backend,
             prefill_npus=self.prefill.npus_per_replica,
             name=name,
+            autoscaling=self.autoscaling,
         )
 
 

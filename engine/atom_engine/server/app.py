@@ -22,6 +22,7 @@ from aiohttp import web
 
 from atom_engine.server.compute import ComputeThread
 from atom_engine.server.errors import error_response
+from atom_engine.server.load import InFlight, PrefillQueue, TimedFetches
 from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
 from atom_engine.server.prefill_routes import PrefillService
@@ -51,7 +52,8 @@ class EngineServer:
         self._load_task: asyncio.Task | None = None
         self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
-        self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
+        self.in_flight = InFlight()
+        self.metrics = ServerMetrics(settings.model_name, lambda: {**self.stats(), **self.in_flight.stats()}, cache)
 
     # -- what a role provides ---------------------------------------------------------------------
     def handler(self) -> Any | None:
@@ -74,7 +76,7 @@ class EngineServer:
 
     # -- the application --------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_json_errors])
+        app = web.Application(middlewares=[self.in_flight.middleware, _json_errors])
         app.add_routes([web.get("/health", self.health), web.get("/ready", self.readiness),
                         web.get("/metrics", self.metrics_route)])
         app.add_routes([web.route(method, path, self._delegate(name)) for method, path, name in self.ROUTES])
@@ -164,7 +166,11 @@ class OpenAIServer(EngineServer):
             )
             await self.client.start()
             # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
-            connector = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
+            fetch_seconds = self.metrics.histogram("atom:pd_fetch_seconds", "A prompt's remote prefill as decode"
+                                                   " waits for it: the worker's queue, compute and transfer.",
+                                                   0.001, 300.0)
+            connector = RemoteConnector(RemotePrefill(TimedFetches(self.client, fetch_seconds.observe), loop),
+                                        slots=SourceSlots(s.lanes),
                                         prefetch_next=s.prefetch_next)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
         await loop.run_in_executor(self.compute, engine.warm)
@@ -208,6 +214,7 @@ class PrefillServer(EngineServer):
         super().__init__(settings, role)
         self.worker: PrefillWorker | None = None
         self.service: PrefillService | None = None
+        self.queue: PrefillQueue | None = None
 
     def handler(self) -> PrefillService | None:
         return self.service
@@ -219,13 +226,17 @@ class PrefillServer(EngineServer):
         worker = await loop.run_in_executor(self.compute, PrefillWorker, self.settings)
         await loop.run_in_executor(self.compute, worker.warm)
         self.worker = worker
-        self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds,
+        # The service's jobs are _compute(rid, tokens, start, ...): a prompt of len(tokens) - start to compute.
+        queue_seconds = self.metrics.histogram("vllm:request_queue_time_seconds", "Time a prompt waited for the"
+                                               " prefill worker.", 0.001, 300.0)
+        self.queue = PrefillQueue(self.compute, lambda job: len(job[1]) - job[2], queue_seconds.observe)
+        self.service = PrefillService(worker, self.queue, send_timeout=self.settings.pd_send_timeout_seconds,
                                       faults=Faults.from_env())
 
     def stats(self) -> dict[str, float]:
-        if self.worker is None or self.service is None:
+        if self.worker is None or self.service is None or self.queue is None:
             return {}
-        return {**self.worker.stats(), **self.service.stats()}
+        return {**self.worker.stats(), **self.service.stats(), **self.queue.stats()}
 
 
 def make_server(settings: EngineSettings, role: Role) -> EngineServer:

@@ -17,6 +17,7 @@ from atom_operator.autoscale.scrape import Sample, parse, scrape
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+
 def engine_text(**stats: float) -> str:
     """/metrics as an engine renders it (its own metrics table), for these figures."""
     return ServerMetrics("m", lambda: dict(stats)).render().decode()

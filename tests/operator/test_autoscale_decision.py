@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from atom_operator.api import AtomDeploymentSpec
 from atom_operator.autoscale.decision import (
-    DecodeObservation,
     Decision,
+    DecodeObservation,
     Observations,
     PrefillObservation,
     State,

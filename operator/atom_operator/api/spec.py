@@ -68,11 +68,17 @@ class ModelSpec(Strict):
     )
 
 
+def prefill_role(spec: AtomDeploymentSpec) -> bool:
+    """Whether the deployment has prefill workers: replicas >= 1, or autoscaled (then the role exists at any count,
+    so no decision ever changes the decode pods' settings and rolls them)."""
+    return spec.prefill.replicas >= 1 or (spec.autoscaling is not None and spec.autoscaling.prefill is not None)
+
+
 def model_dtype(spec: AtomDeploymentSpec) -> str:
     """``spec.model.dtype``, else bfloat16 when any role that runs uses an NPU backend, else float32."""
     if spec.model.dtype is not None:
         return spec.model.dtype
-    backends = [spec.decode.backend] + ([spec.prefill.backend] if spec.prefill.replicas >= 1 else [])
+    backends = [spec.decode.backend] + ([spec.prefill.backend] if prefill_role(spec) else [])
     return "bfloat16" if any(b in limits.NPU_BACKENDS for b in backends) else "float32"
 
 
@@ -299,7 +305,7 @@ def engine_settings(
     """
     if role == "standalone":
         raise ValueError("an AtomDeployment runs decode and prefill pods, not standalone engines")
-    if role == "decode" and spec.prefill.replicas >= 1 and not prefill_workers:
+    if role == "decode" and prefill_role(spec) and not prefill_workers:
         raise ValueError("decode settings need prefill_workers (host:port) when prefill.replicas >= 1")
     decode = role == "decode"
     npus = (spec.decode if decode else spec.prefill).npus_per_replica
@@ -318,7 +324,7 @@ def engine_settings(
         local_prefill=spec.decode.local_prefill if decode else True,
         prefetch_next=spec.prefill.prefetch_next if decode else False,
         speculative_tokens=spec.decode.speculative_tokens if decode else 0,  # a prefill worker never decodes
-        prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,
+        prefill_workers=prefill_workers if decode and prefill_role(spec) else None,
         # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
         # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.
         num_devices=max(npus, 1),

@@ -65,6 +65,13 @@ class AutoscalingStatus(_Status):
         None, max_length=32, description="prefill:decode of the desired replicas, e.g. 1:2."
     )
     reason: str | None = Field(None, max_length=1024, description="The last decision in one line.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="HPA's conditions, with its names: ScalingActive (metrics read), ScalingLimited (bounds, ratio"
+        " band or NPU budget held a role), AbleToScale (a drain, a rollout or a window holds a change).",
+    )
 
 
 class AtomDeploymentStatus(_Status):

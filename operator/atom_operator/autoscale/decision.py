@@ -95,6 +95,7 @@ class RoleDecision:
     recommended: int  # from its own need and bounds, before windows, pace, band and budget
     desired: int
     demand: str
+    load: float | None = None  # the demand in the role's units (sequences; prefill: tok/s or busy seconds/s)
 
 
 @dataclass(frozen=True)
@@ -305,12 +306,11 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         last_scale["prefill"] = now
     state = replace(state, history=history, last_scale=last_scale)
 
-    decode = RoleDecision(d_cur, d_rec, d_new, d_demand)
+    decode = RoleDecision(d_cur, d_rec, d_new, d_demand, d_need.load if d_need else None)
     prefill = None
     if obs.prefill is not None:
-        prefill = RoleDecision(
-            p_cur, p_rec, p_new, p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
-        )
+        demand = p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
+        prefill = RoleDecision(p_cur, p_rec, p_new, demand, p_need.load if p_need else None)
     conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy)
     return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state)
 

@@ -21,6 +21,7 @@ from atom_operator.children.meta import ACCEPTING
 
 from tests import pacing
 from tests.operator.conftest import atomdeployment
+from tests.operator.external_metrics import ExternalMetrics
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -183,3 +184,55 @@ def test_turning_autoscaling_off_uncordons_and_restores_the_spec(
             assert s.error is None and s.finish == "length"
     finally:
         procs.stop()
+
+
+def test_the_real_hpa_scales_decode_and_its_scale_down_is_drained(
+    cluster, op, namespace: str, tmp_path: Path  # noqa: ANN001
+) -> None:
+    """External mode with the harness's own HPA controller: it reads a metric from an external metrics API and
+    writes spec.decode.replicas through the scale subresource; the operator grows decode at once and drains
+    every pod it removes."""
+    spec = json.loads(json.dumps(SPEC))
+    spec["decode"]["replicas"] = 1
+    spec["autoscaling"].update(mode="External", decode={"minReplicas": 1, "maxReplicas": 3})
+    cluster.apply(atomdeployment("llm", namespace, **spec))
+    wait_for(lambda: len(decode_pods(cluster, namespace)) == 1, "one decode pod")
+    metric = "atom_test_load"
+    with ExternalMetrics(cluster) as server:
+        server.values[metric] = 10.0  # 10 at 4 a pod: 3 pods
+        wait_for(lambda: any(c["type"] == "Available" and c["status"] == "True" for c in
+                             (cluster.get("apiservice", "v1beta1.external.metrics.k8s.io").get("status") or {})
+                             .get("conditions") or []), "the external metrics API available", timeout=60)  # fmt: skip
+        cluster.apply({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "llm", "namespace": namespace},
+            "spec": {"scaleTargetRef": {"apiVersion": "serving.atom.dev/v1alpha1", "kind": "AtomDeployment",
+                                        "name": "llm"},
+                     "minReplicas": 1, "maxReplicas": 3,
+                     "metrics": [{"type": "External", "external": {"metric": {"name": metric},
+                                                                   "target": {"type": "AverageValue",
+                                                                              "averageValue": "4"}}}],
+                     "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
+        })  # fmt: skip
+        wait_for(lambda: len(decode_pods(cluster, namespace)) == 3, "the HPA's 3 decode pods", timeout=240)
+        assert cluster.get("atomdeployment", "llm", "-n", namespace)["spec"]["decode"]["replicas"] == 3
+        procs = Processes(tmp_path)
+        try:
+            start_engines(cluster, namespace, procs)
+            server.values[metric] = 2.0  # one pod
+            seen_cordoned: set[str] = set()
+            before = set(decode_pods(cluster, namespace))
+
+            def down_to_one() -> bool:
+                seen_cordoned.update(cordoned(cluster, namespace))
+                return len(decode_pods(cluster, namespace)) == 1
+
+            wait_for(down_to_one, "the HPA's scale-down to one pod", timeout=240, interval=0.2)
+            removed = before - set(decode_pods(cluster, namespace))
+            assert len(removed) == 2 and removed <= seen_cordoned  # every pod removed was drained first
+            assert cordoned(cluster, namespace) == []
+            reasons = {e["reason"] for e in cluster.get("events", "-n", namespace)["items"]}
+            assert {"DrainStarted", "DrainFinished"} <= reasons, reasons
+        finally:
+            procs.stop()
+            cluster.kubectl("delete", "hpa", "llm", "-n", namespace, check=False)

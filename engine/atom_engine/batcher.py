@@ -82,6 +82,7 @@ class Batcher:
             "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
             "steps": 0, "decode_steps": 0, "prefill_chunks": 0, "requests_finished": 0, "requests_failed": 0,
             "requests_cancelled": 0, "draft_tokens": 0, "draft_tokens_accepted": 0,
+            "arrived_requests": 0, "arrived_prompt_tokens": 0,  # at enqueue: an autoscaler's demand, not served
         }
 
     # -- requests --------------------------------------------------------------------------------
@@ -101,6 +102,8 @@ class Batcher:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
             self.outputs.add(seq)
             self.waiting.append(seq)
+            self.counters["arrived_requests"] += 1
+            self.counters["arrived_prompt_tokens"] += len(prompt)
         return seq
 
     def cancel(self, request_id: str) -> None:
@@ -120,7 +123,8 @@ class Batcher:
         """The counters, the queue and the lanes, and whether the batcher is idle."""
         prefix_queried = self.counters["prompt_tokens"] if self.kv.prefix_cache else 0
         return {**self.counters, "waiting": len(self.waiting), "running": len(self.running()),
-                "prefix_query_tokens": prefix_queried, "idle": 0.0 if self.has_work() else 1.0}
+                "prefix_query_tokens": prefix_queried, "idle": 0.0 if self.has_work() else 1.0,
+                "waiting_for_kv": sum(s.status is Status.PREFILL for s in self.running()) if self.connector else 0}
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -44,6 +45,7 @@ class Controller:
         self._running: set[Key] = set()
         self._failures: dict[Key, int] = {}
         self._rechecks: set[Key] = set()  # keys with a routing.TTL re-check timer running
+        self.replicas: Callable[[Key], Mapping[str, int] | None] = lambda _key: None  # spec.autoscaling's counts
         # Set once every informer has listed: until then a reconcile would see a partial world (no Deployment
         # status yet: "0 of 1 ready", a false Ready=False written on every restart; a child not listed yet:
         # created again). Events queue up meanwhile and are reconciled after.
@@ -275,6 +277,7 @@ class Controller:
                 # The informers listed every child before any reconcile and keep the cache since: a child it
                 # lacks does not exist (or its deletion is on its way as an event, which reconciles again).
                 cache_is_complete=True,
+                replicas=self.replicas(key),
             )
         except kopf.TemporaryError as e:
             metrics.RECONCILES.labels("retry").inc()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from atom_operator import apply, artifacts, events, routing, status
 from atom_operator.api import AtomDeployment
+from atom_operator.autoscale.loop import with_replicas
 from atom_operator.cache import ChildCache
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.inferencepool import epp_name
@@ -63,16 +64,19 @@ async def reconcile(
     *,
     children_too: bool = True,
     cache_is_complete: bool = False,
+    replicas: Mapping[Role, int] | None = None,
 ) -> Outcome:
     """Make the children match ``body`` (unless only status is asked for) and write status if it changed.
 
     ``cache``: the children as the watches saw them (without one, every child is read from the API server);
-    ``cache_is_complete``: a child missing from it does not exist."""
+    ``cache_is_complete``: a child missing from it does not exist; ``replicas``: each role's count as the
+    autoscaler set it (spec.autoscaling), instead of the spec's."""
     if cache is None:
         cache, cache_is_complete = ChildCache(), False
     owner = owner_of(body)
     if owner is None:
         return Outcome([], None)
+    owner = with_replicas(owner, replicas)
     refusals = fusion_refusals(owner.spec, defaults.npu)
     if refusals:
         # The webhook refuses such specs; one admitted under another NPU profile is left as it is, said in the log.

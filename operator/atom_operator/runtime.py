@@ -10,6 +10,7 @@ import aiohttp.web
 
 from atom_operator import metrics
 from atom_operator.api import GROUP, KIND
+from atom_operator.autoscale.loop import Autoscaler, Fanout
 from atom_operator.children.meta import DEPLOYMENT_LABEL
 from atom_operator.controller import Controller
 from atom_operator.informer import Informer, OwnerOf, controlled_by, itself, labelled
@@ -58,8 +59,12 @@ class Runtime:
 async def start(config: Settings) -> Runtime:
     kube = await Kube.login()
     controller = Controller(kube, config.defaults, workers=config.workers)
+    scaler = Autoscaler(kube, controller.owners, lambda ns, name: controller.children.get("Deployment", ns, name),
+                        controller.enqueue)  # fmt: skip
+    controller.replicas = scaler.replicas
+    sink = Fanout(controller, scaler)  # the autoscaler sees the pods as the controller does
     informers = [
-        Informer(kube, kind, namespace, owner_of, controller, config.resync_seconds, selector)
+        Informer(kube, kind, namespace, owner_of, sink, config.resync_seconds, selector)
         for namespace in (config.namespaces or (None,))
         for kind, owner_of, selector in WATCHED
     ]
@@ -69,6 +74,7 @@ async def start(config: Settings) -> Runtime:
         await asyncio.gather(*(i.synced.wait() for i in informers))
         log.info("event=caches_synced informers=%d", len(informers))
         controller.synced.set()
+        await scaler.run()  # on the same full view as the reconciler
 
     runtime.waiting = asyncio.create_task(open_when_synced(), name="wait-for-cache-sync")
     if config.metrics_port:

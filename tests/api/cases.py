@@ -192,6 +192,161 @@ INVALID = [
     ),
 ]
 
+
+def scaled(spec_decode: dict | None = None, spec_prefill: dict | None = None, **auto: Any) -> dict:
+    """A spec with spec.autoscaling (mode Operator, decode 1..4) and the case's spec.decode, spec.prefill and
+    spec.autoscaling fields."""
+    autoscaling: dict[str, Any] = {"mode": "Operator", "decode": {"minReplicas": 1, "maxReplicas": 4}, **auto}
+    return spec(spec_decode, spec_prefill, autoscaling=autoscaling)
+
+
+PREFILL_1_4 = {"minReplicas": 1, "maxReplicas": 4}
+BAND_2_5_TO_1_2 = {"min": {"prefill": 2, "decode": 5}, "max": {"prefill": 1, "decode": 2}}
+
+AUTOSCALING_INVALID = [
+    Case(
+        "as-decode-min-above-max",
+        scaled(decode={"minReplicas": 5, "maxReplicas": 4}),
+        ("autoscaling.decode.minReplicas must be <= autoscaling.decode.maxReplicas = 4; got 5",),
+    ),
+    Case(
+        "as-decode-min-0",
+        scaled(decode={"minReplicas": 0, "maxReplicas": 4}),
+        ("autoscaling.decode.minReplicas", "greater than or equal to 1"),
+    ),
+    Case("as-decode-max-missing", scaled(decode={"minReplicas": 1}), ("autoscaling.decode.maxReplicas",)),
+    Case("as-mode-auto", scaled(mode="Auto"), ("autoscaling.mode", "Operator")),
+    Case(
+        "as-prefill-min-above-max",
+        scaled(prefill={"minReplicas": 3, "maxReplicas": 2}),
+        ("autoscaling.prefill.minReplicas must be <= autoscaling.prefill.maxReplicas = 2; got 3",),
+    ),
+    Case(
+        "as-prefill-min-0-remote-only",
+        scaled({"localPrefill": False}, {"replicas": 1}, prefill={"minReplicas": 0, "maxReplicas": 2}),
+        ("autoscaling.prefill.minReplicas must be >= 1 while decode.localPrefill is false", "got 0"),
+    ),
+    Case(
+        "as-ratio-without-prefill",
+        scaled(ratio=BAND_2_5_TO_1_2),
+        ("autoscaling.ratio needs autoscaling.prefill",),
+    ),
+    Case(
+        "as-ratio-reversed",
+        scaled(prefill=PREFILL_1_4, ratio={"min": {"prefill": 2, "decode": 1}, "max": {"prefill": 1, "decode": 1}}),
+        ("autoscaling.ratio.min must not exceed autoscaling.ratio.max", "got 2:1 to 1:1"),
+    ),
+    Case(
+        # 0.4..0.5 prefill per decode pod: no prefill count exists for one decode pod, two are needed.
+        "as-ratio-unreachable",
+        scaled(decode={"minReplicas": 1, "maxReplicas": 1}, prefill=PREFILL_1_4, ratio=BAND_2_5_TO_1_2),
+        ("autoscaling.ratio cannot be met inside the replica bounds", "from 1 to 1", "from 1 to 4", "2:5 to 1:2"),
+    ),
+    Case(
+        # Real ratios exist (1.33..1.5 prefill for 3 decode pods), no integer one.
+        "as-ratio-unreachable-integers",
+        scaled(
+            decode={"minReplicas": 3, "maxReplicas": 3},
+            prefill=PREFILL_1_4,
+            ratio={"min": {"prefill": 4, "decode": 9}, "max": {"prefill": 1, "decode": 2}},
+        ),
+        ("autoscaling.ratio cannot be met", "from 3 to 3"),
+    ),
+    Case(
+        "as-ratio-term-17",
+        scaled(prefill=PREFILL_1_4, ratio={"min": {"prefill": 1, "decode": 17}, "max": {"prefill": 1, "decode": 1}}),
+        ("autoscaling.ratio.min.decode", "less than or equal to 16"),
+    ),
+    Case(
+        "as-ratio-term-0",
+        scaled(prefill=PREFILL_1_4, ratio={"min": {"prefill": 0, "decode": 1}, "max": {"prefill": 1, "decode": 1}}),
+        ("autoscaling.ratio.min.prefill", "greater than or equal to 1"),
+    ),
+    Case(
+        # decode 2 needs one prefill worker (1:2 at least): 2 + 1 NPUs.
+        "as-budget-below-smallest-pair",
+        scaled(
+            decode={"minReplicas": 2, "maxReplicas": 4},
+            prefill=PREFILL_1_4,
+            ratio={"min": {"prefill": 1, "decode": 2}, "max": {"prefill": 1, "decode": 1}},
+            npuBudget=2,
+        ),
+        ("autoscaling.npuBudget must be >= 3", "got 2"),
+    ),
+    Case(
+        # The band's smallest pair is 1 prefill : 2 decode (2:5 has none for decode 1); 4 NPUs per decode pod.
+        "as-budget-band-smallest-pair",
+        scaled(
+            {"npusPerReplica": 4},
+            decode={"minReplicas": 1, "maxReplicas": 4},
+            prefill=PREFILL_1_4,
+            ratio=BAND_2_5_TO_1_2,
+            npuBudget=8,
+        ),
+        ("autoscaling.npuBudget must be >= 9", "got 8"),
+    ),
+    Case(
+        # Without autoscaling.prefill the fixed prefill workers count against the budget.
+        "as-budget-fixed-prefill",
+        scaled(None, {"replicas": 3}, npuBudget=3),
+        ("autoscaling.npuBudget must be >= 4", "got 3"),
+    ),
+    Case(
+        "as-slo-and-utilization",
+        scaled(prefill={**PREFILL_1_4, "targetUtilizationPercent": 60}, slo={"ttftMilliseconds": 2000}),
+        ("autoscaling.prefill.targetUtilizationPercent must be unset when autoscaling.slo is set", "got 60"),
+    ),
+    Case("as-slo-without-prefill", scaled(slo={"ttftMilliseconds": 2000}), ("autoscaling.slo needs autoscaling",)),
+    Case(
+        "as-occupancy-101",
+        scaled(decode={"maxReplicas": 2, "targetOccupancyPercent": 101}),
+        ("autoscaling.decode.targetOccupancyPercent", "less than or equal to 100"),
+    ),  # fmt: skip
+    Case(
+        "as-window-3601",
+        scaled(behavior={"scaleDown": {"stabilizationWindowSeconds": 3601}}),
+        ("autoscaling.behavior.scaleDown.stabilizationWindowSeconds", "3600"),
+    ),  # fmt: skip
+    Case("as-drain-0", scaled(drain={"timeoutSeconds": 0}), ("autoscaling.drain.timeoutSeconds", "equal to 1")),
+    Case("as-unknown-field", scaled(targetQueue=3), ("autoscaling.targetQueue",)),
+]
+
+AUTOSCALING_VALID = [
+    Case("as-decode-only", scaled()),
+    Case("as-off-with-bounds", scaled(mode="Off")),
+    Case("as-external", scaled(mode="External")),
+    Case(
+        "as-pd-band-budget",
+        scaled(
+            {"localPrefill": False},
+            {"replicas": 1},
+            prefill=PREFILL_1_4,
+            ratio={"min": {"prefill": 1, "decode": 2}, "max": {"prefill": 2, "decode": 1}},
+            npuBudget=4,
+        ),
+    ),
+    # 2:5..1:2 is unreachable with one decode pod but reachable with two (1:2): the search must find it.
+    Case("as-band-needs-two-decode", scaled(prefill=PREFILL_1_4, ratio=BAND_2_5_TO_1_2, npuBudget=3)),
+    Case(
+        "as-slo",
+        scaled(prefill={**PREFILL_1_4, "tokensPerSecondHint": 2000}, slo={"ttftMilliseconds": 2000}),
+    ),
+    Case("as-prefill-min-0-local", scaled(prefill={"minReplicas": 0, "maxReplicas": 2})),
+    Case("as-cpu-budget-0", scaled({"backend": "cpu", "npusPerReplica": 0}, npuBudget=0)),
+    Case(
+        "as-behavior",
+        scaled(
+            behavior={
+                "tolerancePercent": 0,
+                "scaleUp": {"stabilizationWindowSeconds": 30, "maxPodsPerInterval": 4},
+                "scaleDown": {"stabilizationWindowSeconds": 0, "maxPodsPerInterval": 2},
+            },
+            drain={"timeoutSeconds": 30},
+            intervalSeconds=5,
+        ),
+    ),
+]
+
 VALID = [
     Case("minimal", spec()),
     Case("builtin-smollm2", spec(model={"source": "builtin:smollm2-135m"})),
@@ -233,4 +388,6 @@ VALID = [
     ),
 ]
 
+INVALID += AUTOSCALING_INVALID
+VALID += AUTOSCALING_VALID
 ALL = INVALID + VALID

@@ -11,6 +11,7 @@ from atom_engine.settings import EngineSettings
 from atom_operator import admission
 from atom_operator.api import AtomDeployment, AtomDeploymentSpec, engine_settings, problems
 from atom_operator.api.crd import render
+from atom_operator.api.spec import prefill_role
 from atom_operator.npu import NpuProfile, npu_demand
 from pydantic import ValidationError
 
@@ -63,7 +64,7 @@ def test_engine_constructor_refuses_with_the_same_message(case: Case) -> None:
 @pytest.mark.parametrize("case", VALID, ids=lambda c: c.id)
 def test_engine_settings_of_valid_specs_construct_for_both_roles(case: Case) -> None:
     parsed = AtomDeploymentSpec.model_validate(case.spec)
-    workers = "x-prefill.ns.svc:8000" if parsed.prefill.replicas else None
+    workers = "x-prefill.ns.svc:8000" if prefill_role(parsed) else None
     decode = engine_settings(parsed, "decode", name=case.object_name, prefill_workers=workers)
     assert (decode.lanes, decode.kv_blocks, decode.prefix_cache) == (
         parsed.decode.lanes,

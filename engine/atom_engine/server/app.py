@@ -22,6 +22,7 @@ from aiohttp import web
 
 from atom_engine.server.compute import ComputeThread
 from atom_engine.server.errors import error_response
+from atom_engine.server.load import InFlight, PrefillQueue, TimedFetches
 from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
 from atom_engine.server.prefill_service import PrefillService
@@ -53,7 +54,8 @@ class EngineServer:
         self._load_task: asyncio.Task | None = None
         self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
-        self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
+        self.in_flight = InFlight()
+        self.metrics = ServerMetrics(settings.model_name, lambda: {**self.stats(), **self.in_flight.stats()}, cache)
 
     # -- what a role provides ---------------------------------------------------------------------
     def handler(self) -> Any | None:
@@ -76,7 +78,7 @@ class EngineServer:
 
     # -- the application --------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_json_errors])
+        app = web.Application(middlewares=[self.in_flight.middleware, _json_errors])
         app.add_routes([web.get("/health", self.health), web.get("/ready", self.readiness),
                         web.get("/metrics", self.metrics_route)])
         app.add_routes([web.route(method, path, self._delegate(name)) for method, path, name in self.ROUTES])
@@ -167,8 +169,11 @@ class OpenAIServer(EngineServer):
             )
             await self.client.start()
             # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
-            remote = RemoteConnector(RemotePrefill(self.client, loop), slots=SourceSlots(s.lanes),
-                                     prefetch_next=s.prefetch_next)
+            fetch_seconds = self.metrics.histogram("atom:pd_fetch_seconds", "A prompt's remote prefill as decode"
+                                                   " waits for it: the worker's queue, compute and transfer.",
+                                                   0.001, 300.0)
+            remote = RemoteConnector(RemotePrefill(TimedFetches(self.client, fetch_seconds.observe), loop),
+                                     slots=SourceSlots(s.lanes), prefetch_next=s.prefetch_next)
             connector = remote if not s.local_prefill else SelectiveConnector(
                 remote, self.client.breaker, min_tokens=s.remote_prefill_min_tokens)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
@@ -213,6 +218,7 @@ class PrefillServer(EngineServer):
         self.worker: PrefillWorker | None = None
         self.service: PrefillService | None = None
         self.kv_server: TcpServer | None = None
+        self.queue: PrefillQueue | None = None
 
     def handler(self) -> PrefillService | None:
         return self.service
@@ -224,7 +230,12 @@ class PrefillServer(EngineServer):
         worker = await loop.run_in_executor(self.compute, PrefillWorker, self.settings)
         await loop.run_in_executor(self.compute, worker.warm)
         self.worker = worker
-        self.service = PrefillService(worker, self.compute, send_timeout=self.settings.pd_send_timeout_seconds)
+        # The service's jobs are _compute(job, gone): a prompt of len(job.tokens) - job.start to compute.
+        queue_seconds = self.metrics.histogram("vllm:request_queue_time_seconds", "Time a prompt waited for the"
+                                               " prefill worker.", 0.001, 300.0)
+        self.queue = PrefillQueue(self.compute, lambda args: len(args[0].tokens) - args[0].start,
+                                  queue_seconds.observe)
+        self.service = PrefillService(worker, self.queue, send_timeout=self.settings.pd_send_timeout_seconds)
         self.kv_server = TcpServer(self.service.serve)
         port = await self.kv_server.start(self.host, self.settings.pd_kv_port)
         log.info("event=kv_listening host=%s port=%d", self.host, port)
@@ -234,9 +245,9 @@ class PrefillServer(EngineServer):
             await self.kv_server.close(grace=self.settings.finish_seconds)
 
     def stats(self) -> dict[str, float]:
-        if self.worker is None or self.service is None:
+        if self.worker is None or self.service is None or self.queue is None:
             return {}
-        return {**self.worker.stats(), **self.service.stats()}
+        return {**self.worker.stats(), **self.service.stats(), **self.queue.stats()}
 
 
 def make_server(settings: EngineSettings, role: Role) -> EngineServer:

@@ -25,8 +25,9 @@ ROUTER_BLOCK_TOKENS = 16
 
 # name -> (kind, stats key, help)
 VLLM = {
-    "vllm:num_requests_running": ("gauge", "running", "Requests holding a lane."),
-    "vllm:num_requests_waiting": ("gauge", "waiting", "Requests in the waiting queue."),
+    "vllm:num_requests_running": ("gauge", "running", "Requests holding a lane (prefill role: prompts computing)."),
+    "vllm:num_requests_waiting": ("gauge", "waiting", "Requests in the waiting queue (prefill role: prompts"
+                                  " queued for the worker)."),
     "vllm:kv_cache_usage_perc": ("gauge", "kv_usage", "Share of KV blocks (scratch excluded) held by lanes, 0..1."),
     "vllm:prefix_cache_queries": ("counter", "prefix_query_tokens", "Prompt tokens looked up in the prefix cache."),
     "vllm:prefix_cache_hits": ("counter", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
@@ -78,6 +79,15 @@ ATOM = {
     "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
     "atom:prefill_leases_expired": ("counter", "prefill_leases_expired", "Requests dropped: their decoder stopped"
                                     " renewing its lease (no heartbeat)."),
+    # What an autoscaler reads (atom_engine.server.load, the batcher's arrivals).
+    "atom:requests_in_flight": ("gauge", "requests_in_flight", "Requests on the API routes not yet finished"
+                                " (streams included): 0 is idle."),
+    "atom:arrived_requests": ("counter", "arrived_requests", "Requests queued (at arrival, before a lane)."),
+    "atom:arrived_prompt_tokens": ("counter", "arrived_prompt_tokens", "Prompt tokens of queued requests."),
+    "atom:pd_waiting_for_kv": ("gauge", "waiting_for_kv", "Lanes held while their prompt's KV is computed remotely."),
+    "atom:prefill_tokens_waiting": ("gauge", "prefill_tokens_waiting", "Prompt tokens queued for the prefill"
+                                    " worker."),
+    "atom:prefill_busy_seconds": ("counter", "prefill_busy_seconds", "Time the prefill worker spent computing."),
 }
 
 
@@ -134,6 +144,11 @@ class ServerMetrics:
         # them before the first request finds them instead of an absent metric.
         for histogram in (self.ttft, self.itl, self.e2e):
             histogram.labels(model_name=model_name)
+
+    def histogram(self, name: str, doc: str, low: float, high: float) -> Histogram:
+        """A latency histogram of this server's model, for a role's own figure (its series exist from the start)."""
+        h = Histogram(name, doc, ["model_name"], registry=self.registry, buckets=_buckets(low, high))
+        return h.labels(model_name=self.model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

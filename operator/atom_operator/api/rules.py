@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from atom_engine import limits
 from atom_engine.limits import Rule, Term
 
+from atom_operator.api import autoscaling_rules
+from atom_operator.api.autoscaling import AutoscalingSpec
+
 REPLICAS_MIN = 0
 REPLICAS_MAX = 10**limits.CEL_INT_DIGITS - 1  # CEL prints a message's numbers up to this many digits
 PORT_MIN = 1
@@ -42,6 +45,7 @@ class SpecView(limits.EngineView):
     prefill_backend: str | None = None
     prefill_npus: int | None = None
     name: str | None = None
+    autoscaling: AutoscalingSpec | None = None
 
 
 _NPU_BACKENDS_CEL = "[" + ", ".join(f"'{b}'" for b in limits.NPU_BACKENDS) + "]"
@@ -76,6 +80,7 @@ RULES: tuple[Rule, ...] = (
     *limits.RULES,
     *_npu_rules("decode"),
     *_npu_rules("prefill"),
+    *autoscaling_rules.RULES,
     Rule(
         id="name-length",
         field="metadata.name",

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from atom_operator.api import rules
+from atom_operator.api.autoscaling import AutoscalingSpec
 from atom_operator.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
@@ -67,11 +68,17 @@ class ModelSpec(Strict):
     )
 
 
+def prefill_role(spec: AtomDeploymentSpec) -> bool:
+    """Whether the deployment has prefill workers: replicas >= 1, or autoscaled (then the role exists at any count,
+    so no decision ever changes the decode pods' settings and rolls them)."""
+    return spec.prefill.replicas >= 1 or (spec.autoscaling is not None and spec.autoscaling.prefill is not None)
+
+
 def model_dtype(spec: AtomDeploymentSpec) -> str:
     """``spec.model.dtype``, else bfloat16 when any role that runs uses an NPU backend, else float32."""
     if spec.model.dtype is not None:
         return spec.model.dtype
-    backends = [spec.decode.backend] + ([spec.prefill.backend] if spec.prefill.replicas >= 1 else [])
+    backends = [spec.decode.backend] + ([spec.prefill.backend] if prefill_role(spec) else [])
     return "bfloat16" if any(b in limits.NPU_BACKENDS for b in backends) else "float32"
 
 
@@ -255,6 +262,7 @@ class AtomDeploymentSpec(Strict):
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, json_schema_extra={"default": {}}, description=RoutingSpec.__doc__
     )
+    autoscaling: AutoscalingSpec | None = Field(None, description=AutoscalingSpec.__doc__)
 
     @model_validator(mode="after")
     def _limits(self) -> AtomDeploymentSpec:
@@ -284,6 +292,7 @@ class AtomDeploymentSpec(Strict):
             prefill_backend=self.prefill.backend,
             prefill_npus=self.prefill.npus_per_replica,
             name=name,
+            autoscaling=self.autoscaling,
         )
 
 
@@ -305,7 +314,7 @@ def engine_settings(
     """
     if role == "standalone":
         raise ValueError("an AtomDeployment runs decode and prefill pods, not standalone engines")
-    if role == "decode" and spec.prefill.replicas >= 1 and not prefill_workers:
+    if role == "decode" and prefill_role(spec) and not prefill_workers:
         raise ValueError("decode settings need prefill_workers (host:port) when prefill.replicas >= 1")
     decode = role == "decode"
     npus = (spec.decode if decode else spec.prefill).npus_per_replica
@@ -326,7 +335,7 @@ def engine_settings(
                                    else _ENGINE["remote_prefill_min_tokens"].default),
         prefetch_next=spec.prefill.prefetch_next if decode else False,
         speculative_tokens=spec.decode.speculative_tokens if decode else 0,  # a prefill worker never decodes
-        prefill_workers=prefill_workers if decode and spec.prefill.replicas >= 1 else None,
+        prefill_workers=prefill_workers if decode and prefill_role(spec) else None,
         # The NPUs the device plugin gives the pod: the engine drives that many (atom: /dev/rbln* it finds; rngd:
         # furiosa:0..n-1). A cpu role requests none and keeps the engine's default.
         num_devices=max(npus, 1),

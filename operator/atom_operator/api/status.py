@@ -16,7 +16,11 @@ class _Status(BaseModel):
 class Condition(_Status):
     """A metav1.Condition: Ready, Progressing, Degraded or ArtifactReady."""
 
-    type: str = Field(max_length=316, description="Ready, Progressing, Degraded or ArtifactReady.")
+    type: str = Field(
+        max_length=316,
+        description="Ready, Progressing, Degraded or ArtifactReady; with spec.autoscaling also HPA's ScalingActive,"
+        " ScalingLimited and AbleToScale.",
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation the condition is about.")
     last_transition_time: str | None = Field(
@@ -35,6 +39,41 @@ class RoleStatus(_Status):
     summary: str | None = Field(None, max_length=32, description="ready/desired, shown by kubectl get.")
 
 
+class RoleScalingStatus(_Status):
+    """One role as the autoscaler last decided it."""
+
+    desired_replicas: int | None = Field(None, ge=0, description="Replicas the role is set to now.")
+    recommended_replicas: int | None = Field(
+        None, ge=0, description="Replicas its own demand asks for, before windows, pace, band and budget."
+    )
+    draining_pods: int = Field(0, ge=0, description="Pods cordoned and waiting to be idle before they go.")
+    last_scale_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="When desiredReplicas last changed (RFC 3339)."
+    )
+    demand: str | None = Field(None, max_length=256, description="The demand the decision read, in its units.")
+
+
+class AutoscalingStatus(_Status):
+    """What spec.autoscaling decided last, and why."""
+
+    last_decision_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="When the last decision was made (RFC 3339)."
+    )
+    decode: RoleScalingStatus | None = Field(None, description="The decode role.")
+    prefill: RoleScalingStatus | None = Field(None, description="The prefill workers.")
+    current_ratio: str | None = Field(
+        None, max_length=32, description="prefill:decode of the desired replicas, e.g. 1:2."
+    )
+    reason: str | None = Field(None, max_length=1024, description="The last decision in one line.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="HPA's conditions, with its names: ScalingActive (metrics read), ScalingLimited (bounds, ratio"
+        " band or NPU budget held a role), AbleToScale (a drain, a rollout or a window holds a change).",
+    )
+
+
 class AtomDeploymentStatus(_Status):
     """What the operator observed the last time it reconciled."""
 
@@ -43,7 +82,8 @@ class AtomDeploymentStatus(_Status):
         None,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing and Degraded; ArtifactReady with spec.model.compileCache.",
+        description="Ready, Progressing and Degraded; ArtifactReady with spec.model.compileCache; ScalingActive,"
+        " ScalingLimited and AbleToScale with spec.autoscaling.",
     )
     decode: RoleStatus | None = Field(None, description="Decode pods; decode.replicas backs the scale subresource.")
     prefill: RoleStatus | None = Field(None, description="Prefill worker pods.")
@@ -53,6 +93,7 @@ class AtomDeploymentStatus(_Status):
     selector: str | None = Field(
         None, max_length=4096, description="Label selector of the decode pods, for the scale subresource (HPA)."
     )
+    autoscaling: AutoscalingStatus | None = Field(None, description=AutoscalingStatus.__doc__)
     artifact: str | None = Field(
         None,
         max_length=32,

@@ -6,6 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from atom_operator.api.spec import prefill_role
 from atom_operator.children.compile import artifact_key, build_job
 from atom_operator.children.configmap import build_configmap
 from atom_operator.children.inferencepool import build_epp, build_http_route, build_inference_pool, epp_name
@@ -47,7 +48,7 @@ def build_children(
     ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for;
     ``routed_before``: whether routing children may exist from an earlier reconcile (then those no longer wanted
     are removed)."""
-    roles: list[Role] = ["decode"] + (["prefill"] if owner.spec.prefill.replicas > 0 else [])
+    roles: list[Role] = ["decode"] + (["prefill"] if prefill_role(owner.spec) else [])
     desired: list[dict[str, Any]] = []
     configs = {role: build_configmap(owner, role, defaults) for role in roles}
     desired.extend(configs.values())

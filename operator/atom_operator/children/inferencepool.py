@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from atom_operator.children.configmap import HTTP_PORT
-from atom_operator.children.meta import EPP_SUFFIX, Owner, metadata, selector_labels
+from atom_operator.children.meta import EPP_SUFFIX, Owner, metadata, traffic_selector
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_VERSION = "v1"
@@ -31,7 +31,7 @@ def build_inference_pool(owner: Owner) -> dict[str, Any]:
         "kind": "InferencePool",
         "metadata": metadata(owner, owner.name, "decode"),
         "spec": {
-            "selector": {"matchLabels": selector_labels(owner, "decode")},
+            "selector": {"matchLabels": traffic_selector(owner, "decode")},
             "targetPorts": [{"number": HTTP_PORT}],
             "endpointPickerRef": {
                 "kind": "Service",

@@ -85,6 +85,20 @@ def selector_labels(owner: Owner, role: Role) -> dict[str, str]:
     }
 
 
+# With spec.autoscaling, pods carry this label ("true" from their template) and the Services and the InferencePool
+# select it too, so the autoscaler takes a pod out of traffic (cordons it) by setting it "false" while the
+# Deployment, whose selector never has it, keeps the pod. (atom_operator.autoscale.drain)
+ACCEPTING = f"{GROUP}/accepting"
+
+
+def traffic_selector(owner: Owner, role: Role) -> dict[str, str]:
+    """What the Services and the InferencePool select: the role's pods, and with autoscaling those accepting."""
+    out = selector_labels(owner, role)
+    if owner.spec.autoscaling is not None:
+        out[ACCEPTING] = "true"
+    return out
+
+
 def labels(owner: Owner, role: Role | None) -> dict[str, str]:
     out = {
         "app.kubernetes.io/name": APP_NAME,

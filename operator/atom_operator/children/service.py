@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atom_operator.children.configmap import HTTP_PORT, KV_PORT
-from atom_operator.children.meta import Owner, metadata, prefill_service_name, selector_labels, service_name
+from atom_operator.children.meta import Owner, metadata, prefill_service_name, service_name, traffic_selector
 
 
 def build_service(owner: Owner) -> dict[str, Any]:
@@ -15,7 +15,7 @@ def build_service(owner: Owner) -> dict[str, Any]:
         "metadata": metadata(owner, service_name(owner), "decode"),
         "spec": {
             "type": owner.spec.service.type,
-            "selector": selector_labels(owner, "decode"),
+            "selector": traffic_selector(owner, "decode"),
             "ports": [{"name": "http", "port": owner.spec.service.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -30,7 +30,7 @@ def build_prefill_service(owner: Owner) -> dict[str, Any]:
         "metadata": metadata(owner, prefill_service_name(owner), "prefill"),
         "spec": {
             "clusterIP": "None",
-            "selector": selector_labels(owner, "prefill"),
+            "selector": traffic_selector(owner, "prefill"),
             "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                       {"name": "kv", "port": KV_PORT, "targetPort": "kv", "protocol": "TCP"}],
         },

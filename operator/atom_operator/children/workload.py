@@ -20,6 +20,7 @@ from atom_operator.children.meta import (
     labels,
     metadata,
     selector_labels,
+    traffic_selector,
     workload_name,
 )
 
@@ -202,7 +203,8 @@ def build_deployment(owner: Owner, role: Role, config_hash: str, defaults: Defau
             "selector": {"matchLabels": selector_labels(owner, role)},
             "strategy": rollout_strategy(spec.replicas),
             "template": {
-                "metadata": {"labels": labels(owner, role), "annotations": {CONFIG_HASH: config_hash}},
+                "metadata": {"labels": {**labels(owner, role), **traffic_selector(owner, role)},
+                             "annotations": {CONFIG_HASH: config_hash}},
                 "spec": _pod_spec(owner, role, defaults),
             },
         },

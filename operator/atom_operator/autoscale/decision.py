@@ -1,0 +1,371 @@
+"""The decision: replicas for decode and prefill together, from what the pods reported. No I/O.
+
+``decide(observations, state, policy, now)`` returns the desired pair, the conditions and the state to pass next
+time. In order:
+
+1. **Need per role.** Decode: the lanes in use or asked for (running + waiting, less the lanes that only wait for
+   a remote KV: that wait is prefill's shortfall, not decode's) over lanes x occupancy target. Prefill: prompt
+   tokens per second *arriving at decode pods* plus the workers' backlog, over the tokens per busy second a worker
+   computes (measured from its own counters) x its utilization target. Arrivals, not prefill's served rate, so a
+   load step that needs both roles moves both in the same decision (a served rate would only rise after decode
+   had grown and let more through).
+2. **Targets are absolute counts**, compared with the role's current replicas, pods not yet Ready included: a slow
+   NPU start is not seen as missing capacity, so there is no +1, +1, +1 cascade.
+3. **Missing data holds** (fail-static): a role whose Ready pods did not mostly answer keeps its count, except that
+   what the answering pods alone show can still grow it.
+4. **Tolerance, windows, pace**, as HPA: a need within the tolerance keeps the count; growing goes to the smallest
+   recommendation of the up window, shrinking to the largest of the down window (and not before one down window
+   after the operator started); at most so many pods per decision.
+5. **Band and budget, jointly**: among the pairs inside the bounds, the ratio band and the NPU budget, the one that
+   covers the larger share of both roles' targets (water-filling: max of min(got/target)), then the cheapest.
+   Scale-up biased: with a pair that meets both targets, nothing is lowered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from atom_operator.api.band import prefill_range
+from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
+
+# An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
+ANSWERED_SHARE_MIN = 0.5
+# Busy seconds below this in a window are too few to measure a worker's speed from.
+MIN_BUSY_SECONDS = 0.5
+# Weight of a new speed measurement against the previous estimate.
+SPEED_SMOOTHING = 0.5
+
+
+@dataclass(frozen=True)
+class RoleObservation:
+    """One role this interval: its current replicas (the target, pods not yet Ready included) and its pods."""
+
+    replicas: int
+    ready: int
+    answered: int  # Ready pods whose metrics were read this interval
+    rolling_out: bool = False  # a rollout's ReplicaSets scale proportionally: no victim can be chosen, no shrink
+    draining: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeObservation(RoleObservation):
+    sequences: float = 0.0  # sum over the answered pods of running + waiting (the interval's mean)
+    waiting_for_kv: float = 0.0  # of which lanes only wait for a remote prefill's KV
+    arrived_tokens_per_second: float | None = None  # prompt tokens arriving (at enqueue), all decode pods
+    arrived_requests_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class PrefillObservation(RoleObservation):
+    busy_seconds_per_second: float | None = None  # sum over the workers of busy time per second
+    busy_seconds: float = 0.0  # busy time the speed below was measured over
+    tokens_per_busy_second: float | None = None  # prompt tokens computed per busy second, this window
+    waiting_tokens: float = 0.0  # prompt tokens queued at the workers
+
+
+@dataclass(frozen=True)
+class Observations:
+    decode: DecodeObservation
+    prefill: PrefillObservation | None = None  # None when the deployment has no prefill role
+    external_decode: int | None = None  # External mode: spec.decode.replicas as an HPA or KEDA wrote it
+
+
+@dataclass(frozen=True)
+class State:
+    """What the next decision needs from this one."""
+
+    started: float | None = None
+    history: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)  # role -> (time, rec)
+    last_scale: dict[str, float] = field(default_factory=dict)
+    tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RoleDecision:
+    current: int
+    recommended: int  # from its own need and bounds, before windows, pace, band and budget
+    desired: int
+    demand: str
+    load: float | None = None  # the demand in the role's units (sequences; prefill: tok/s or busy seconds/s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    decode: RoleDecision
+    prefill: RoleDecision | None
+    reason: str
+    conditions: tuple[Condition, ...]
+    state: State
+
+    @property
+    def changed(self) -> bool:
+        return any(r is not None and r.desired != r.current for r in (self.decode, self.prefill))
+
+
+@dataclass(frozen=True)
+class _Need:
+    load: float  # in the role's capacity units
+    capacity: float  # of one pod
+    floor_only: bool  # only some pods answered: the need may raise the count, never lower it
+    demand: str
+
+
+def _answered(obs: RoleObservation) -> str:
+    """'' when enough pods answered, else why the role holds."""
+    if obs.ready == 0:
+        return "no Ready pod to read" if obs.replicas else ""
+    if obs.answered < max(1, math.ceil(obs.ready * ANSWERED_SHARE_MIN)):
+        return f"{obs.answered} of {obs.ready} Ready pods answered"
+    return ""
+
+
+def _decode_need(obs: DecodeObservation, policy: Policy) -> _Need:
+    held = obs.waiting_for_kv if policy.coupled else 0.0
+    load = max(0.0, obs.sequences - held)
+    capacity = policy.lanes * policy.occupancy
+    demand = f"{load:.1f} sequences" + (f" ({held:.1f} more wait for prefill)" if held else "")
+    return _Need(load, capacity, obs.answered < obs.ready, demand)
+
+
+def _speed(obs: PrefillObservation, state: State, policy: Policy) -> float | None:
+    measured = obs.tokens_per_busy_second if obs.busy_seconds >= MIN_BUSY_SECONDS else None
+    if measured is None or measured <= 0:
+        return state.tokens_per_busy_second or policy.tokens_per_second_hint
+    if state.tokens_per_busy_second is None:
+        return measured
+    return SPEED_SMOOTHING * measured + (1 - SPEED_SMOOTHING) * state.tokens_per_busy_second
+
+
+def utilization_for_slo(ttft: float, service_seconds: float) -> float:
+    """The busy share at which a worker's mean queue wait stays within what the TTFT leaves after the compute.
+
+    One prompt at a time per worker, near-constant service time: M/D/1, mean wait rho*S / (2(1 - rho)) <= W gives
+    rho <= 2W / (S + 2W), with W = TTFT - S.
+    """
+    wait = ttft - service_seconds
+    lo, hi = UTILIZATION_RANGE
+    if wait <= 0:
+        return lo
+    return min(hi, max(lo, 2 * wait / (service_seconds + 2 * wait)))
+
+
+def _prefill_need(obs: Observations, speed: float | None, policy: Policy) -> _Need | None:
+    p, d = obs.prefill, obs.decode
+    assert p is not None
+    arrivals, requests = d.arrived_tokens_per_second, d.arrived_requests_per_second
+    if policy.ttft_seconds is not None and speed and arrivals and requests:
+        service = arrivals / requests / speed
+        utilization = utilization_for_slo(policy.ttft_seconds, service)
+        backlog_window = max(policy.ttft_seconds - service, policy.interval_seconds / 10)
+    else:
+        utilization = policy.utilization or UTILIZATION_RANGE[1]
+        backlog_window = policy.interval_seconds
+    if policy.coupled and speed and arrivals is not None and not _answered(d):
+        load = arrivals + p.waiting_tokens / backlog_window
+        demand = f"{arrivals:.0f} tok/s + {p.waiting_tokens:.0f} tok queued at {speed:.0f} tok/s per worker"
+        return _Need(load, speed * utilization, False, demand)
+    if p.busy_seconds_per_second is not None and not _answered(p):
+        busy = p.busy_seconds_per_second
+        return _Need(busy, utilization, p.answered < p.ready, f"{busy:.2f} worker-seconds busy per second")
+    return None
+
+
+def _recommend(need: _Need | None, current: int, lo: int, hi: int, tolerance: float) -> int:
+    if need is None:
+        return min(hi, max(lo, current))
+    exact = need.load / need.capacity
+    if current > 0 and abs(exact / current - 1) <= tolerance:
+        rec = current
+    else:
+        rec = math.ceil(exact - 1e-9)
+    if need.floor_only:
+        rec = max(rec, current)
+    return min(hi, max(lo, rec))
+
+
+def _stabilize(
+    role: str, rec: int, current: int, state: State, policy: Policy, now: float, hold_down: bool
+) -> tuple[int, tuple[tuple[float, int], ...]]:
+    """HPA's behaviour: up to the smallest recommendation of the up window, down to the largest of the down window."""
+    keep = max(policy.up_window, policy.down_window)
+    history = tuple((t, r) for t, r in state.history.get(role, ()) if now - t < keep) + ((now, rec),)
+    up = min(r for t, r in history if now - t <= policy.up_window)
+    down = max(r for t, r in history if now - t <= policy.down_window)
+    started = state.started if state.started is not None else now
+    stable = current
+    if current < up:
+        stable = up
+    elif current > down and not hold_down and now - started >= policy.down_window:
+        stable = down
+    stable = min(current + policy.up_pods, max(current - policy.down_pods, stable))
+    return stable, history
+
+
+def _joint(targets: tuple[int, int], policy: Policy, decode_ceiling: bool) -> tuple[tuple[int, int], str]:
+    """The allowed pair closest to the targets: the band and the budget, shared out by water-filling."""
+    p_t, d_t = targets
+    b = policy.bounds
+    best: tuple[tuple[float, int, int, int], tuple[int, int]] | None = None
+    # External: the HPA's count is a ceiling the band or the budget may lower, and raise only if nothing below fits.
+    decodes = range(b.decode_min, (d_t if decode_ceiling else b.decode_max) + 1)
+    for d in decodes:
+        lo, hi = prefill_range(d, b, policy.band)
+        if policy.npu_budget is not None:
+            room = policy.npu_budget - d * policy.npus_decode
+            if room < 0:
+                continue
+            if policy.npus_prefill:
+                hi = min(hi, room // policy.npus_prefill)
+        if lo > hi:
+            continue
+        p = min(hi, max(lo, p_t))
+        coverage = min(min(1.0, p / p_t) if p_t else 1.0, min(1.0, d / d_t) if d_t else 1.0)
+        key = (-coverage, policy.cost(p, d), p + d, abs(d - d_t))
+        if best is None or key < best[0]:
+            best = (key, (p, d))
+    if best is None and decode_ceiling:  # no pair at or below the HPA's count: the band and the budget win
+        return _joint(targets, policy, decode_ceiling=False)
+    assert best is not None, "admission guarantees a pair inside the bounds, the band and the budget"
+    pair = best[1]
+    if pair == targets:
+        return pair, ""
+    within_budget = policy.npu_budget is None or policy.cost(p_t, d_t) <= policy.npu_budget
+    in_band = policy.band is None or policy.band.contains(p_t, d_t)
+    return pair, ("NPUBudget" if not within_budget else "RatioAdjusted" if not in_band else "Adjusted")
+
+
+def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decision:
+    """Both roles' replicas from this interval's observations (see the module's docstring)."""
+    b = policy.bounds
+    state = replace(state, started=state.started if state.started is not None else now)
+    missing = {
+        role: why for role, o in (("decode", obs.decode), ("prefill", obs.prefill)) if o and (why := _answered(o))
+    }
+
+    # 1-3: each role's need; decode from its occupancy, prefill from the arrivals decode saw.
+    external = policy.mode == "External" and obs.external_decode is not None
+    d_cur = obs.decode.replicas
+    if external:
+        d_need = None
+        d_rec = min(b.decode_max, max(b.decode_min, obs.external_decode or 0))
+        d_demand = f"{d_rec} replicas from spec.decode.replicas (External)"
+    else:
+        d_need = None if "decode" in missing and obs.decode.answered == 0 else _decode_need(obs.decode, policy)
+        d_rec = _recommend(d_need, d_cur, b.decode_min, b.decode_max, policy.tolerance)
+        d_demand = d_need.demand if d_need else "no data"
+
+    speed = None
+    p_rec = p_cur = b.prefill_min
+    p_need = None
+    if obs.prefill is not None:
+        p_cur = obs.prefill.replicas
+        speed = _speed(obs.prefill, state, policy)
+        if policy.prefill_scaled:
+            p_need = _prefill_need(obs, speed, policy)
+            p_rec = _recommend(p_need, p_cur, b.prefill_min, b.prefill_max, policy.tolerance)
+        else:
+            p_cur = p_rec = b.prefill_min
+    state = replace(state, tokens_per_busy_second=speed)
+
+    # 4: windows and pace; missing data and rollouts never shrink a role.
+    d_stable, d_hist = (
+        (d_rec, ()) if external else _stabilize(
+            "decode", d_rec, d_cur, state, policy, now, "decode" in missing or obs.decode.rolling_out
+        )
+    )  # fmt: skip
+    p_stable, p_hist = p_rec, ()
+    if obs.prefill is not None and policy.prefill_scaled:
+        hold = "prefill" in missing or obs.prefill.rolling_out
+        p_stable, p_hist = _stabilize("prefill", p_rec, p_cur, state, policy, now, hold)
+
+    # 5: band and budget together.
+    if policy.prefill_scaled and obs.prefill is not None:
+        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, decode_ceiling=external)
+    else:
+        fixed = replace(policy, band=None, bounds=replace(b, prefill_min=p_cur, prefill_max=p_cur))
+        (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, decode_ceiling=external)
+
+    history = dict(state.history)
+    if d_hist:
+        history["decode"] = d_hist
+    if p_hist:
+        history["prefill"] = p_hist
+    last_scale = dict(state.last_scale)
+    if d_new != d_cur:
+        last_scale["decode"] = now
+    if obs.prefill is not None and p_new != p_cur:
+        last_scale["prefill"] = now
+    state = replace(state, history=history, last_scale=last_scale)
+
+    decode = RoleDecision(d_cur, d_rec, d_new, d_demand, d_need.load if d_need else None)
+    prefill = None
+    if obs.prefill is not None:
+        demand = p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
+        prefill = RoleDecision(p_cur, p_rec, p_new, demand, p_need.load if p_need else None)
+    conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy)
+    return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state)
+
+
+def _limit_at_bounds(role: str, need: _Need | None, lo: int, hi: int) -> str:
+    if need is None:
+        return ""
+    exact = need.load / need.capacity
+    if exact > hi:
+        return f"AtMaxReplicas: {role} needs {math.ceil(exact)}, maxReplicas is {hi}"
+    if exact < lo and lo > 0 and math.ceil(exact) < lo:
+        return f"AtMinReplicas: {role} needs {math.ceil(exact)}, minReplicas is {lo}"
+    return ""
+
+
+def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy) -> tuple[Condition, ...]:
+    b = policy.bounds
+    if missing:
+        active = Condition(
+            "ScalingActive", "False", "MetricsUnavailable",
+            "; ".join(f"{role}: {why}, holding its count" for role, why in missing.items()),
+        )  # fmt: skip
+    else:
+        active = Condition("ScalingActive", "True", "ValidMetrics", "the pods' metrics were read")
+    limits = []
+    if limit:
+        limits.append(f"{limit}: the pair {prefill.desired if prefill else 0}:{decode.desired} (prefill:decode)")
+    limits += [x for x in (_limit_at_bounds("decode", needs[0], b.decode_min, b.decode_max),) if x]
+    if prefill is not None and policy.prefill_scaled:
+        limits += [x for x in (_limit_at_bounds("prefill", needs[1], b.prefill_min, b.prefill_max),) if x]
+    if limits:
+        limited = Condition("ScalingLimited", "True", limits[0].split(":", 1)[0], "; ".join(limits))
+    else:
+        limited = Condition("ScalingLimited", "False", "DesiredWithinRange", "the desired counts are within range")
+    draining = obs.decode.draining + (obs.prefill.draining if obs.prefill else 0)
+    rolling = obs.decode.rolling_out or bool(obs.prefill and obs.prefill.rolling_out)
+    held = stable[0] != decode.recommended or (prefill is not None and stable[1] != prefill.recommended)
+    if draining:
+        able = Condition("AbleToScale", "False", "Draining", f"{draining} pods draining before they are removed")
+    elif rolling:
+        able = Condition("AbleToScale", "False", "RollingOut", "a rollout is in progress; no pod is removed")
+    elif held:
+        able = Condition("AbleToScale", "True", "StabilizationWindow", "a window or the pace holds the change")
+    else:
+        able = Condition("AbleToScale", "True", "ReadyForNewScale", "the recommended counts can be applied")
+    return active, limited, able
+
+
+def _reason(decode: RoleDecision, prefill: RoleDecision | None, limit: str, missing: dict[str, str]) -> str:
+    parts = []
+    for role, r in (("decode", decode), ("prefill", prefill)):
+        if r is None:
+            continue
+        step = f"{r.current}->{r.desired}" if r.desired != r.current else f"{r.current}"
+        parts.append(f"{role} {step} ({r.demand}" + (f"; holds: {missing[role]}" if role in missing else "") + ")")
+    if prefill is not None:
+        parts.append(f"ratio {prefill.desired}:{decode.desired}" + (f" {limit}" if limit else ""))
+    return "; ".join(parts)

@@ -1,0 +1,367 @@
+"""The autoscaler's loop: scrape, decide, drain, and hand the replicas to the reconciler. Level-based.
+
+It plugs into the operator through three small seams: it sees pods as the informers do (:class:`Fanout` feeds it
+beside the controller), the reconciler asks it for each role's replicas (:meth:`Autoscaler.replicas`, applied by
+:func:`with_replicas` before the children are built), and it asks the controller to reconcile a key again when
+they changed. Everything it writes itself is on pods (the accepting label, the drain's annotations) and
+``status.autoscaling``, a key no other writer touches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from atom_operator.api import GROUP, AtomDeployment, AtomDeploymentSpec
+from atom_operator.autoscale import drain, metrics, observe
+from atom_operator.autoscale.decision import Decision, State, decide
+from atom_operator.autoscale.policy import policy
+from atom_operator.autoscale.scrape import Sample, scrape
+from atom_operator.children.meta import ACCEPTING, ROLES, Owner, Role, workload_name
+from atom_operator.kube import ApiError, Kube
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+DRAINING_SINCE = f"{GROUP}/draining-since"  # seconds since the epoch the pod was cordoned
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+LOWEST_COST = str(-(2**31))  # the ReplicaSet removes the lowest cost first
+METRICS_PORT = 9090  # the pods' metrics port (children/workload.py)
+TICK_SECONDS = 1.0
+UNCORDONED = {"labels": {ACCEPTING: "true"}, "annotations": {DRAINING_SINCE: None, DELETION_COST: None}}
+
+
+def with_replicas(owner: Owner, replicas: Mapping[Role, int] | None) -> Owner:
+    """``owner`` with each role's replicas as the autoscaler set them (unchanged without)."""
+    if not replicas:
+        return owner
+    spec = owner.spec
+    update = {role: getattr(spec, role).model_copy(update={"replicas": n}) for role, n in replicas.items()}
+    return Owner(owner.name, owner.namespace, owner.uid, spec.model_copy(update=update))
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    role: str
+    ip: str | None
+    ready: bool
+    created: float
+    cordoned_since: float | None
+    cost_applied: bool
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> PodInfo:
+        meta, status = body["metadata"], body.get("status") or {}
+        labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        since = None
+        if labels.get(ACCEPTING) == "false":
+            try:
+                since = float(notes.get(DRAINING_SINCE, ""))
+            except ValueError:
+                since = 0.0  # cordoned by hand or by an older operator: its drain counts as long begun
+        return cls(
+            meta["name"],
+            labels.get("app.kubernetes.io/component", ""),
+            status.get("podIP"),
+            ready,
+            _epoch(meta.get("creationTimestamp")),
+            since,
+            notes.get(DELETION_COST) == LOWEST_COST,
+        )
+
+
+def _epoch(stamp: str | None) -> float:
+    if not stamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Tracked:
+    state: State = field(default_factory=State)
+    replicas: dict[Role, int] = field(default_factory=dict)  # what the Deployments are to carry
+    desired: dict[Role, int] = field(default_factory=dict)  # the last decision
+    decided_at: float = float("-inf")
+    samples: dict[str, Sample] = field(default_factory=dict)  # pod -> its last scrape
+    drains: set[str] = field(default_factory=set)
+
+
+class Autoscaler:
+    def __init__(self, kube: Kube, owners: Mapping[Key, dict[str, Any]],
+                 deployment: Callable[[str, str], dict[str, Any] | None], enqueue: Callable[[Key], None],
+                 *, port: int = METRICS_PORT, coupled: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.kube, self.owners, self.deployment, self.enqueue = kube, owners, deployment, enqueue
+        self.port, self.coupled, self.clock = port, coupled, clock
+        self.pods: dict[Key, dict[str, PodInfo]] = {}
+        self.tracked: dict[Key, _Tracked] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    # ---- the informers' pods (through Fanout) -------------------------------------------------------------
+    def event(self, kind: str, type_: str | None, body: dict[str, Any], key: Key) -> None:
+        if kind != "Pod":
+            return
+        pods = self.pods.setdefault(key, {})
+        name = body["metadata"]["name"]
+        if type_ == "DELETED" or body["metadata"].get("deletionTimestamp"):
+            pods.pop(name, None)
+        else:
+            pods[name] = PodInfo.of(body)
+
+    def relisted(self, listing: Any) -> None:
+        if listing.kind == "Pod":
+            for pods in self.pods.values():
+                pods.clear()
+            for body, key in listing.items:
+                self.event("Pod", None, body, key)
+
+    # ---- the reconciler's question -------------------------------------------------------------------------
+    def replicas(self, key: Key) -> dict[Role, int] | None:
+        """Each role's count for the children: the autoscaler's; before its first step, what the Deployments have
+        (a spec change must not lower them past the drain, e.g. an HPA's write in External mode)."""
+        tracked = self.tracked.get(key)
+        if tracked and tracked.replicas:
+            return dict(tracked.replicas)
+        autoscaling = ((self.owners.get(key) or {}).get("spec") or {}).get("autoscaling") or {}
+        if autoscaling.get("mode") not in ("Operator", "External"):
+            return None
+        held = {}
+        for role in ROLES:
+            deployment = self.deployment(key[0], f"{key[1]}-{role}")
+            if deployment is not None and "replicas" in deployment.get("spec", {}):
+                held[role] = int(deployment["spec"]["replicas"])
+        return held or None
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession()
+        try:
+            while True:
+                started = time.monotonic()
+                keys = list(self.owners)
+                await asyncio.gather(*(self._guarded(k) for k in keys))
+                for gone in [k for k in self.tracked if k not in self.owners]:
+                    del self.tracked[gone]
+                await asyncio.sleep(max(0.0, TICK_SECONDS - (time.monotonic() - started)))
+        finally:
+            await self._session.close()
+
+    async def _guarded(self, key: Key) -> None:
+        try:
+            await self.step(key)
+        except Exception:  # noqa: BLE001 - one deployment's trouble never stops the others' autoscaling
+            log.exception("autoscale %s/%s failed", *key)
+
+    async def step(self, key: Key) -> None:
+        body = self.owners.get(key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            spec = AtomDeployment.model_validate(body).spec
+        except ValidationError:
+            return
+        pods = self.pods.get(key, {})
+        if spec.autoscaling is None or spec.autoscaling.mode == "Off":
+            # Level-based: nothing stays cordoned once autoscaling is off, and the spec's replicas apply again.
+            await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])
+            if self.tracked.pop(key, None) is not None:
+                self.enqueue(key)
+            return
+        await self._autoscale(key, body, spec, pods)
+
+    async def _autoscale(self, key: Key, body: dict[str, Any], spec: AtomDeploymentSpec,
+                         pods: Mapping[str, PodInfo]) -> None:  # fmt: skip
+        tracked = self.tracked.setdefault(key, _Tracked())
+        a = spec.autoscaling
+        assert a is not None
+        roles: list[Role] = [r for r in ROLES if r == "decode" or spec.prefill.replicas > 0 or a.prefill is not None]
+        now = self.clock()
+        current = {role: self._current(key, spec, role, tracked) for role in roles}
+        ready = {p.name: p for p in pods.values() if p.ready and p.ip}
+        urls = {n: f"http://{p.ip}:{self.port}/metrics" for n, p in ready.items()}
+        assert self._session is not None
+        began = time.monotonic()
+        found = await scrape(self._session, urls)
+        metrics.SCRAPE_SECONDS.observe(time.monotonic() - began)
+        metrics.SCRAPE_ERRORS.inc(sum(s is None for s in found.values()))
+        readings = {
+            role: observe.Role(
+                current[role],
+                [observe.PodReading(p.name, p.name in ready, p.cordoned_since is not None, found.get(p.name),
+                                    tracked.samples.get(p.name)) for p in pods.values() if p.role == role],  # fmt: skip
+                rolling_out=self._rolling_out(key, role),
+            )
+            for role in roles
+        }
+        if now - tracked.decided_at >= a.interval_seconds:
+            tracked.samples = {n: s for n, s in found.items() if s is not None}
+            external = spec.decode.replicas if a.mode == "External" else None
+            obs = observe.observations(readings["decode"], readings.get("prefill"), external)
+            decision = decide(obs, tracked.state, policy(spec, coupled=self.coupled), now)
+            tracked.state, tracked.decided_at = decision.state, now
+            tracked.desired = {"decode": decision.decode.desired}
+            if decision.prefill is not None:
+                tracked.desired["prefill"] = decision.prefill.desired
+            self._record(key, decision)
+            await self._post_status(key, decision, now)
+        changed = False
+        for role in roles:
+            desired = tracked.desired.get(role, current[role])
+            states = [
+                drain.PodState(p.name, p.name in ready, (found.get(p.name) or Sample(0, {})).values.get(
+                    observe.IN_FLIGHT), observe.idle(found.get(p.name)), p.created, p.cordoned_since, p.cost_applied)
+                for p in pods.values() if p.role == role
+            ]  # fmt: skip
+            step = drain.plan(states, current[role], desired, now, float(a.drain.timeout_seconds))
+            await self._act(key, body, role, step, now)
+            if tracked.replicas.get(role) != step.replicas:
+                tracked.replicas[role] = step.replicas
+                changed = True
+        if changed:
+            self.enqueue(key)
+
+    def _current(self, key: Key, spec: AtomDeploymentSpec, role: Role, tracked: _Tracked) -> int:
+        if role in tracked.replicas:
+            return tracked.replicas[role]
+        # After a start: what the Deployment has (a drain or a decision of the last run), else the spec's count.
+        deployment = self.deployment(key[0], workload_name(Owner(key[1], key[0], "", spec), role))
+        if deployment is not None and "replicas" in deployment.get("spec", {}):
+            return int(deployment["spec"]["replicas"])
+        return getattr(spec, role).replicas
+
+    def _rolling_out(self, key: Key, role: Role) -> bool:
+        deployment = self.deployment(key[0], f"{key[1]}-{role}")
+        status = (deployment or {}).get("status") or {}
+        return status.get("updatedReplicas", 0) < status.get("replicas", 0)
+
+    # ---- writes ------------------------------------------------------------------------------------------
+    async def _patch_pod(self, namespace: str, name: str, meta: dict[str, Any]) -> None:
+        path = self.kube.resource("Pod").path(name, namespace)
+        try:
+            await self.kube.request("PATCH", path, body={"metadata": meta},
+                                    content_type="application/merge-patch+json")  # fmt: skip
+        except ApiError as e:
+            if e.status != 404:  # gone meanwhile: nothing to cordon
+                raise
+
+    async def _uncordon(self, key: Key, pods: list[PodInfo]) -> None:
+        for p in pods:
+            await self._patch_pod(key[0], p.name, UNCORDONED)
+
+    async def _act(self, key: Key, body: dict[str, Any], role: Role, step: drain.Plan, now: float) -> None:
+        ns = key[0]
+        tracked = self.tracked[key]
+        for name in step.cordon:
+            await self._patch_pod(ns, name, {"labels": {ACCEPTING: "false"},
+                                             "annotations": {DRAINING_SINCE: f"{now:.3f}"}})  # fmt: skip
+            await self._event(body, "DrainStarted", f"{role} pod {name} cordoned: no new requests, deleted once idle")
+        for name in step.uncordon:
+            await self._patch_pod(ns, name, UNCORDONED)
+            if name in tracked.drains:
+                await self._event(body, "DrainCancelled", f"{role} pod {name} accepts requests again")
+        for name in step.mark:
+            await self._patch_pod(ns, name, {"annotations": {DELETION_COST: LOWEST_COST}})
+            since = self.pods.get(key, {}).get(name)
+            if since is not None and since.cordoned_since is not None:
+                metrics.DRAIN_SECONDS.labels(role).observe(max(0.0, now - since.cordoned_since))
+            timed_out = name in step.timed_out
+            await self._event(body, "DrainTimedOut" if timed_out else "DrainFinished",
+                              f"{role} pod {name} {'still busy after the drain timeout' if timed_out else 'idle'};"
+                              " it goes next", warning=timed_out)  # fmt: skip
+        tracked.drains = (tracked.drains - set(step.uncordon)) | set(step.draining)
+
+    def _record(self, key: Key, d: Decision) -> None:
+        for role, r in (("decode", d.decode), ("prefill", d.prefill)):
+            if r is None:
+                continue
+            metrics.DESIRED.labels(*key, role).set(r.desired)
+            metrics.RECOMMENDED.labels(*key, role).set(r.recommended)
+            if r.load is not None:
+                metrics.DEMAND.labels(*key, role).set(r.load)
+            direction = "up" if r.desired > r.current else "down" if r.desired < r.current else "none"
+            metrics.DECISIONS.labels(role, direction).inc()
+
+    async def _post_status(self, key: Key, d: Decision, now: float) -> None:
+        tracked = self.tracked[key]
+        roles = {}
+        pods = self.pods.get(key, {}).values()
+        for role, r in (("decode", d.decode), ("prefill", d.prefill)):
+            if r is None:
+                continue
+            last = tracked.state.last_scale.get(role)
+            roles[role] = {
+                "desiredReplicas": r.desired,
+                "recommendedReplicas": r.recommended,
+                "drainingPods": sum(p.role == role and p.cordoned_since is not None for p in pods),
+                "lastScaleTime": _rfc3339(last) if last is not None else None,
+                "demand": r.demand[:256],
+            }
+        before = {c.get("type"): c for c in (((self.owners.get(key) or {}).get("status") or {}).get("autoscaling")
+                                              or {}).get("conditions") or []}  # fmt: skip
+        conditions = []
+        for c in d.conditions:
+            old = before.get(c.type) or {}
+            moved = old.get("status") != c.status or "lastTransitionTime" not in old
+            since = _rfc3339(now) if moved else old["lastTransitionTime"]
+            conditions.append({"type": c.type, "status": c.status, "reason": c.reason, "message": c.message[:32768],
+                               "lastTransitionTime": since})  # fmt: skip
+        status = {"lastDecisionTime": _rfc3339(now), **roles, "reason": d.reason[:1024], "conditions": conditions,
+                  "currentRatio": f"{d.prefill.desired}:{d.decode.desired}" if d.prefill else None}  # fmt: skip
+        try:
+            await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
+        except ApiError as e:
+            if e.status != 404:
+                raise
+        if d.changed:
+            body = self.owners.get(key)
+            if body is not None:
+                up = any(r is not None and r.desired > r.current for r in (d.decode, d.prefill))
+                await self._event(body, "ScaledUp" if up else "ScaledDown", d.reason[:1024])
+
+    async def _event(self, owner: dict[str, Any], reason: str, message: str, warning: bool = False) -> None:
+        from atom_operator.children.meta import MANAGER
+
+        meta = owner["metadata"]
+        now = _rfc3339(self.clock())
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": "Warning" if warning else "Normal", "reason": reason, "message": message,
+            "source": {"component": MANAGER}, "reportingComponent": MANAGER, "reportingInstance": MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }  # fmt: skip
+        try:
+            await self.kube.create(event)
+        except Exception as e:  # noqa: BLE001 - an Event is a courtesy
+            log.warning("event not posted: %s %s: %s", reason, message, e)
+
+
+class Fanout:
+    """An informer sink feeding the controller and the autoscaler the same events."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+
+    def event(self, kind: str, type_: str | None, body: dict[str, Any], key: Key) -> None:
+        for s in self.sinks:
+            s.event(kind, type_, body, key)
+
+    def relisted(self, listing: Any) -> None:
+        for s in self.sinks:
+            s.relisted(listing)

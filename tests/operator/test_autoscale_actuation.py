@@ -1,0 +1,198 @@
+"""The parts between the decision and the cluster, without a cluster: reading the pods' /metrics (bounded, timed
+out), turning scrapes into observations, and the drain plan (victims, cordon, release, un-cordon)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+from atom_engine.server.metrics import ServerMetrics
+from atom_localcluster.cluster import free_port
+from atom_operator.autoscale import observe
+from atom_operator.autoscale.drain import SETTLE_SECONDS, PodState, plan
+from atom_operator.autoscale.scrape import Sample, parse, scrape
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def engine_text(**stats: float) -> str:
+    """/metrics as an engine renders it (its own metrics table), for these figures."""
+    return ServerMetrics("m", lambda: dict(stats)).render().decode()
+
+
+def test_parse_reads_the_engines_own_format() -> None:
+    values = parse(engine_text(running=3, waiting=2, arrived_prompt_tokens=1200, waiting_for_kv=1))
+    assert values["vllm:num_requests_running"] == 3 and values["vllm:num_requests_waiting"] == 2
+    assert values["atom:arrived_prompt_tokens_total"] == 1200 and values["atom:pd_waiting_for_kv"] == 1
+    assert not any(k.endswith("_bucket") for k in values)
+    assert values["vllm:time_to_first_token_seconds_count"] == 0
+
+
+async def _serve(routes: dict[str, web.RequestHandler]) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_scrape_bounds_each_pod_by_its_timeout_and_all_by_the_concurrency() -> None:
+    in_flight, most = [0], [0]
+
+    async def good(_r: web.Request) -> web.Response:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        await asyncio.sleep(0.05)
+        in_flight[0] -= 1
+        return web.Response(text=engine_text(running=1))
+
+    async def slow(_r: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(text="")
+
+    async def broken(_r: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    async def garbage(_r: web.Request) -> web.Response:
+        return web.Response(text="<html>not metrics</html>")
+
+    runner, port = await _serve({"/good": good, "/slow": slow, "/broken": broken, "/garbage": garbage})
+    base = f"http://127.0.0.1:{port}"
+    urls = {f"good-{i}": f"{base}/good" for i in range(9)}
+    urls |= {"slow": f"{base}/slow", "broken": f"{base}/broken", "garbage": f"{base}/garbage",
+             "refused": f"http://127.0.0.1:{free_port()}/metrics"}  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as session:
+            began = time.monotonic()
+            found = await scrape(session, urls, concurrency=3, timeout=0.5)
+            took = time.monotonic() - began
+    finally:
+        await runner.cleanup()
+    assert all(found[f"good-{i}"].get("vllm:num_requests_running") == 1 for i in range(9))
+    assert [n for n, s in found.items() if s is None] == ["slow", "broken", "garbage", "refused"]
+    assert most[0] <= 3  # never more than the bound at once
+    assert took < 3.0  # the slow pod cost its timeout, not its 5 s
+
+
+def _pod(name: str, t0: float, t1: float, before: dict, after: dict, *, ready=True, draining=False):
+    return observe.PodReading(name, ready, draining, Sample(t1, after), Sample(t0, before))
+
+
+def test_observations_sum_gauges_and_rate_counters_from_two_scrapes() -> None:
+    a = _pod("d-a", 0, 10, {observe.ARRIVED_TOKENS: 0, observe.ARRIVED_REQUESTS: 0},
+             {observe.RUNNING: 3, observe.WAITING: 1, observe.WAITING_FOR_KV: 1, observe.ARRIVED_TOKENS: 2000,
+              observe.ARRIVED_REQUESTS: 10})  # fmt: skip
+    b = _pod("d-b", 0, 10, {observe.ARRIVED_TOKENS: 500, observe.ARRIVED_REQUESTS: 5},
+             {observe.RUNNING: 2, observe.ARRIVED_TOKENS: 1500, observe.ARRIVED_REQUESTS: 10})  # fmt: skip
+    restarted = _pod("d-c", 0, 10, {observe.ARRIVED_TOKENS: 9000}, {observe.RUNNING: 1, observe.ARRIVED_TOKENS: 10})
+    gone = observe.PodReading("d-d", True, False, None)
+    cordoned = _pod("d-e", 0, 10, {}, {observe.RUNNING: 4}, draining=True)
+    loading = observe.PodReading("d-f", False, False, None)
+    d = observe.decode_observation(observe.Role(6, [a, b, restarted, gone, cordoned, loading]))
+    assert (d.replicas, d.ready, d.answered, d.draining) == (6, 4, 3, 1)
+    assert d.sequences == 3 + 1 + 2 + 1 and d.waiting_for_kv == 1  # the cordoned pod's 4 are not demand
+    assert d.arrived_tokens_per_second == pytest.approx(200 + 100)  # the restarted pod gives no rate
+    assert d.arrived_requests_per_second == pytest.approx(1 + 0.5)
+
+    w1 = _pod("p-a", 0, 10, {observe.BUSY: 1, observe.COMPUTED: 0},
+              {observe.BUSY: 6, observe.COMPUTED: 2500, observe.TOKENS_WAITING: 300})  # fmt: skip
+    w2 = _pod("p-b", 0, 10, {observe.BUSY: 0, observe.COMPUTED: 0}, {observe.BUSY: 5, observe.COMPUTED: 2500})
+    p = observe.prefill_observation(observe.Role(2, [w1, w2]))
+    assert p.busy_seconds_per_second == pytest.approx(1.0) and p.busy_seconds == 10
+    assert p.tokens_per_busy_second == pytest.approx(500) and p.waiting_tokens == 300
+
+
+def test_idle_needs_nothing_in_flight_and_an_idle_engine() -> None:
+    assert observe.idle(Sample(0, {observe.IN_FLIGHT: 0, observe.ENGINE_IDLE: 1}))
+    assert observe.idle(Sample(0, {observe.IN_FLIGHT: 0}))  # a prefill worker has no batcher
+    assert not observe.idle(Sample(0, {observe.IN_FLIGHT: 1, observe.ENGINE_IDLE: 1}))
+    assert not observe.idle(Sample(0, {observe.IN_FLIGHT: 0, observe.ENGINE_IDLE: 0}))
+    assert not observe.idle(Sample(0, {}))  # an engine without the figure is not known to be idle
+    assert not observe.idle(None)
+
+
+# ------------------------------------------------------------------------------------------------------- drain
+
+def pod(name: str, in_flight: float | None = 0, *, ready=True, created=0.0, since=None, cost=False) -> PodState:
+    return PodState(name, ready, in_flight, in_flight == 0, created, since, cost)
+
+
+def test_the_victim_is_the_idlest_ready_pod_and_the_newest_on_a_tie() -> None:
+    pods = [pod("a", 3, created=1), pod("b", 1, created=2), pod("c", 1, created=3), pod("d", 5, created=4)]
+    p = plan(pods, replicas=4, desired=3, now=100, timeout=600)
+    assert p.cordon == ("c",) and p.replicas == 4 and p.draining == ("c",)
+
+
+def test_a_pod_not_ready_goes_first_and_without_waiting() -> None:
+    pods = [pod("a", 0), pod("loading", None, ready=False, created=9)]
+    p = plan(pods, replicas=2, desired=1, now=0, timeout=600)
+    assert p.cordon == ("loading",)
+    p = plan([pod("a", 0), pod("loading", None, ready=False, since=0)], 2, 1, now=0.1, timeout=600)
+    assert p.mark == ("loading",) and p.replicas == 2
+
+
+def test_a_drain_waits_for_idle_then_marks_then_releases() -> None:
+    busy = [pod("a", 2), pod("v", 4, since=0.0)]
+    assert plan(busy, 2, 1, now=10, timeout=600).replicas == 2 and not plan(busy, 2, 1, 10, 600).mark
+    quiet_too_soon = [pod("a", 2), pod("v", 0, since=0.0)]
+    assert not plan(quiet_too_soon, 2, 1, now=SETTLE_SECONDS / 2, timeout=600).mark
+    quiet = plan(quiet_too_soon, 2, 1, now=SETTLE_SECONDS, timeout=600)
+    assert quiet.mark == ("v",) and quiet.replicas == 2  # the cost first; replicas only once it is seen applied
+    marked = [pod("a", 2), pod("v", 0, since=0.0, cost=True)]
+    assert plan(marked, 2, 1, now=20, timeout=600).replicas == 1
+
+
+def test_a_drain_that_times_out_releases_the_pod_anyway() -> None:
+    stuck = [pod("a", 0), pod("v", 3, since=0.0)]
+    p = plan(stuck, 2, 1, now=600, timeout=600)
+    assert p.mark == ("v",) and p.timed_out == ("v",)
+
+
+def test_load_coming_back_uncordons_without_a_cold_start() -> None:
+    draining = [pod("a", 2), pod("v", 1, since=0.0), pod("w", 0, since=0.0, cost=True)]
+    p = plan(draining, replicas=3, desired=3, now=5, timeout=600)
+    assert set(p.uncordon) == {"v", "w"} and p.replicas == 3 and not p.cordon and not p.mark
+    p = plan(draining, replicas=3, desired=2, now=5, timeout=600)  # one drain still wanted: the readier one stays
+    assert p.draining == ("w",) and p.uncordon == ("v",) and p.replicas == 2
+
+
+def test_turning_autoscaling_off_or_a_new_decision_leaves_nothing_cordoned() -> None:
+    # A restart finds two pods cordoned and a decision that keeps every pod.
+    pods = [pod("a", 0, since=1.0), pod("b", 0, since=2.0, cost=True), pod("c", 0)]
+    assert set(plan(pods, 3, 3, now=50, timeout=600).uncordon) == {"a", "b"}
+
+
+POD = st.builds(
+    PodState,
+    name=st.text("abcdefgh", min_size=1, max_size=3),
+    ready=st.booleans(),
+    in_flight=st.one_of(st.none(), st.integers(0, 5)),
+    idle=st.booleans(),
+    created=st.floats(0, 100),
+    cordoned_since=st.one_of(st.none(), st.floats(0, 100)),
+    cost_applied=st.booleans(),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(POD, min_size=1, max_size=8, unique_by=lambda p: p.name), st.integers(0, 8), st.floats(0, 200))
+def test_a_plan_never_releases_a_pod_it_did_not_drain(pods: list[PodState], desired: int, now: float) -> None:
+    replicas = len(pods)
+    p = plan(pods, replicas, desired, now, timeout=120)
+    by_name = {x.name: x for x in pods}
+    assert p.replicas >= min(desired, replicas)  # never below the decision
+    assert replicas - p.replicas <= len(p.draining)  # each pod released was a victim ...
+    released = replicas - p.replicas
+    fit = [n for n in p.draining if by_name[n].cost_applied and by_name[n].cordoned_since is not None]
+    assert released <= len(fit)  # ... cordoned, marked and seen so
+    assert not set(p.cordon) & set(p.uncordon)
+    assert len(p.draining) == max(0, replicas - desired)
+    for name in p.uncordon:  # only pods that were cordoned or marked
+        assert by_name[name].cordoned_since is not None or by_name[name].cost_applied

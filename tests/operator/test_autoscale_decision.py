@@ -1,0 +1,383 @@
+"""The autoscaling decision as a function: the pacing arithmetic's optimum, coupling, pending credit, fail-static,
+windows and pace; then properties over random inputs (bounds, band, budget, monotone in demand, windows)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from atom_operator.api import AtomDeploymentSpec
+from atom_operator.autoscale.decision import (
+    Decision,
+    DecodeObservation,
+    Observations,
+    PrefillObservation,
+    State,
+    decide,
+    utilization_for_slo,
+)
+from atom_operator.autoscale.policy import Policy, policy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# The design's real-node plan (§8.3): 4 lanes at 80 % (3.2 sequences a pod), prefill 2 ms a token (500 tok/s)
+# at 70 % (350 tok/s a worker), each role 1..3, band 1:2..2:1, 4 NPUs.
+LANES = 4
+SPEED = 500.0
+
+
+def make_policy(coupled: bool = True, **autoscaling: Any) -> Policy:
+    base: dict[str, Any] = {
+        "mode": "Operator",
+        "intervalSeconds": 5,
+        "decode": {"minReplicas": 1, "maxReplicas": 3, "targetOccupancyPercent": 80},
+        "prefill": {"minReplicas": 1, "maxReplicas": 3, "targetUtilizationPercent": 70},
+        "ratio": {"min": {"prefill": 1, "decode": 2}, "max": {"prefill": 2, "decode": 1}},
+        "npuBudget": 4,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 60}},
+    }
+    base.update(autoscaling)
+    base = {k: v for k, v in base.items() if v is not None}
+    spec = AtomDeploymentSpec.model_validate(
+        {
+            "model": {"source": "builtin:tiny"},
+            "decode": {"lanes": LANES, "kvBlocks": 6, "localPrefill": False},
+            "prefill": {"replicas": 1},
+            "autoscaling": base,
+        }
+    )
+    return policy(spec, coupled=coupled)
+
+
+def load(
+    rate: float, isl: int, osl_seconds: float, *, decode: int = 1, prefill: int = 1, waiting_for_kv: float = 0.0
+) -> Observations:
+    """Steady state of ``rate`` requests/s of ``isl`` prompt tokens, each decoding for ``osl_seconds``."""
+    prefill_seconds = isl / SPEED
+    sequences = rate * (prefill_seconds + osl_seconds)  # Little's law: a lane is held for prefill + decode
+    busy = rate * prefill_seconds
+    return Observations(
+        DecodeObservation(
+            replicas=decode,
+            ready=decode,
+            answered=decode,
+            sequences=sequences,
+            waiting_for_kv=waiting_for_kv or rate * prefill_seconds,
+            arrived_tokens_per_second=rate * isl,
+            arrived_requests_per_second=rate,
+        ),
+        PrefillObservation(
+            replicas=prefill,
+            ready=prefill,
+            answered=prefill,
+            busy_seconds_per_second=busy,
+            busy_seconds=busy * 5,
+            tokens_per_busy_second=SPEED,
+        ),
+    )
+
+
+def pair(d: Decision) -> tuple[int, int]:
+    assert d.prefill is not None
+    return d.prefill.desired, d.decode.desired
+
+
+def condition(d: Decision, type_: str) -> tuple[str, str]:
+    c = next(c for c in d.conditions if c.type == type_)
+    return c.status, c.reason
+
+
+# (phase, observations, the pacing arithmetic's optimum as prefill:decode)
+PHASES = [
+    ("A warm", load(0.2, 200, 5.0), (1, 1)),
+    # 1.0 x (0.4 + 5) s = 5.4 sequences / 3.2 -> 2 decode; 200 tok/s / 350 -> 1 prefill.
+    ("B decode-heavy", load(1.0, 200, 5.0), (1, 2)),
+    # 600 tok/s / 350 -> 2 prefill; decode 0.6 x (2 + 1) = 1.8 sequences, of which 1.2 wait for KV -> 1.
+    ("C prefill-heavy", load(0.6, 1000, 1.0), (2, 1)),
+]
+
+
+@pytest.mark.parametrize("phase,obs,expected", PHASES, ids=[p[0] for p in PHASES])
+def test_each_phase_reaches_the_pacing_optimum_in_one_decision(phase: str, obs: Observations, expected) -> None:
+    d = decide(obs, State(), make_policy(), now=0.0)
+    assert pair(d) == expected, d.reason
+
+
+def test_both_roles_beyond_the_budget_share_it_by_their_need() -> None:
+    # D: 1.4 req/s, half B- and half C-shaped: prefill 840 tok/s / 350 -> 3, decode 5.88 / 3.2 -> 2: 5 > 4 NPUs.
+    b, c = load(0.7, 200, 5.0), load(0.7, 1000, 1.0)
+    obs = Observations(
+        replace(
+            b.decode,
+            sequences=b.decode.sequences + c.decode.sequences,
+            waiting_for_kv=b.decode.waiting_for_kv + c.decode.waiting_for_kv,
+            arrived_tokens_per_second=840.0,
+            arrived_requests_per_second=1.4,
+        ),
+        b.prefill,
+    )
+    d = decide(obs, State(), make_policy(), now=0.0)
+    assert (d.prefill.recommended, d.decode.recommended) == (3, 2)
+    assert pair(d) == (2, 2)  # min(2/3, 2/2) beats min(3/3, 1/2)
+    assert condition(d, "ScalingLimited") == ("True", "NPUBudget")
+    assert not decide(obs, State(), make_policy(npuBudget=None), now=0.0).conditions[1].status == "True"
+
+
+def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
+    # From one of each, a load needing 3 prefill and 3 decode: one decision, not decode now and prefill later.
+    obs = load(1.5, 600, 5.0)
+    d = decide(obs, State(), make_policy(npuBudget=None, behavior={"scaleUp": {"maxPodsPerInterval": 2}}), now=0.0)
+    assert pair(d) == (3, 3), d.reason
+    assert d.prefill.current == 1 and d.decode.current == 1
+
+
+def test_lanes_waiting_for_a_remote_kv_are_prefill_demand_not_decode() -> None:
+    # A short prefill tier: decode lanes fill with requests waiting for their KV (4 of 4.6 sequences).
+    obs = load(0.6, 1000, 1.0, waiting_for_kv=4.0)
+    obs = replace(obs, decode=replace(obs.decode, sequences=4.6))
+    coupled = decide(obs, State(), make_policy(), now=0.0)
+    assert coupled.decode.desired == 1 and coupled.prefill.desired == 2
+    # The same controller per role (what two independent autoscalers do) adds decode pods for prefill's shortfall.
+    independent = decide(obs, State(), make_policy(coupled=False), now=0.0)
+    assert independent.decode.recommended == 2
+
+
+def test_pods_not_yet_ready_count_toward_the_target() -> None:
+    # Three decode pods desired, one Ready (two still loading): the same demand asks for nothing more.
+    obs = load(1.5, 200, 5.0, decode=3)
+    obs = replace(obs, decode=replace(obs.decode, ready=1, answered=1))
+    p = make_policy(npuBudget=None)
+    d = decide(obs, State(), p, now=0.0)
+    assert d.decode.desired == 3
+    for t in (5.0, 10.0, 15.0):  # again and again while they start: no +1 cascade
+        d = decide(obs, d.state, p, now=t)
+        assert d.decode.desired == 3
+
+
+def test_missing_metrics_hold_the_count() -> None:
+    p = make_policy(npuBudget=None, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    quiet = load(0.05, 200, 1.0, decode=3, prefill=2)
+    silent = replace(quiet, decode=replace(quiet.decode, answered=0), prefill=replace(quiet.prefill, answered=0))
+    d = decide(silent, State(), p, now=0.0)
+    assert pair(d) == (2, 3)
+    assert condition(d, "ScalingActive") == ("False", "MetricsUnavailable")
+    # One of three decode pods answered: its low load cannot shrink the role ...
+    partial = replace(quiet, decode=replace(quiet.decode, answered=1))
+    assert decide(partial, State(), p, now=0.0).decode.desired == 3
+    # ... but what it alone shows can grow it.
+    busy = replace(partial, decode=replace(partial.decode, sequences=20.0))
+    assert decide(busy, State(), p, now=0.0).decode.desired == 3  # at max already
+    p5 = make_policy(npuBudget=None, decode={"minReplicas": 1, "maxReplicas": 8})
+    assert decide(busy, State(), p5, now=0.0).decode.desired == 5
+    # With every pod answering, the same quiet load shrinks it.
+    assert decide(quiet, State(), p, now=0.0).decode.desired == 2
+
+
+def test_scale_down_waits_for_the_window_and_the_start() -> None:
+    p = make_policy(npuBudget=None)
+    low = load(0.2, 200, 5.0, decode=3, prefill=2)
+    state = State()
+    for t in range(0, 60, 5):
+        d = decide(low, state, p, now=float(t))
+        assert (d.decode.desired, d.prefill.desired) == (3, 2), t  # no history yet: one window first
+        state = d.state
+    d = decide(low, state, p, now=60.0)
+    assert (d.decode.desired, d.prefill.desired) == (2, 1)  # one pod per role per decision
+    low2 = load(0.2, 200, 5.0, decode=2, prefill=1)
+    assert decide(low2, d.state, p, now=65.0).decode.desired == 1
+
+
+def test_a_spike_inside_the_window_keeps_the_count() -> None:
+    p = make_policy(npuBudget=None, decode={"minReplicas": 1, "maxReplicas": 8}, ratio=None)
+    state = State(started=-1000.0)
+    d = decide(load(2.0, 200, 5.0, decode=4), state, p, now=0.0)
+    assert d.decode.desired == 4
+    for t in (5.0, 30.0, 55.0):  # quiet, but the spike is inside the 60 s window
+        d = decide(load(0.2, 200, 5.0, decode=4), d.state, p, now=t)
+        assert d.decode.desired == 4
+    d = decide(load(0.2, 200, 5.0, decode=4), d.state, p, now=61.0)
+    assert d.decode.desired == 3
+
+
+def test_tolerance_keeps_a_count_near_its_need() -> None:
+    p = make_policy(npuBudget=None, ratio=None, decode={"minReplicas": 1, "maxReplicas": 8})
+    # 2 pods hold 6.4 sequences at target; 6.9 is within 10 %.
+    obs = load(1.0, 200, 5.0, decode=2)
+    assert decide(replace(obs, decode=replace(obs.decode, sequences=6.9 + 0.4)), State(), p, 0.0).decode.desired == 2
+    assert decide(replace(obs, decode=replace(obs.decode, sequences=7.4 + 0.4)), State(), p, 0.0).decode.desired == 3
+
+
+def test_pace_limits_pods_per_decision() -> None:
+    p = make_policy(npuBudget=None, ratio=None, decode={"minReplicas": 1, "maxReplicas": 20})
+    d = decide(load(5.0, 200, 5.0), State(), p, now=0.0)
+    assert d.decode.recommended == 8 and d.decode.desired == 3  # 25 sequences / 3.2 -> 8; +2 a decision
+
+
+def test_external_mode_takes_decode_from_the_spec_and_fits_prefill_into_the_band() -> None:
+    p = make_policy(mode="External", npuBudget=None, decode={"minReplicas": 1, "maxReplicas": 6},
+                    prefill={"minReplicas": 1, "maxReplicas": 6})  # fmt: skip
+    obs = replace(load(0.05, 200, 1.0, decode=1), external_decode=6)
+    d = decide(obs, State(), p, now=0.0)
+    assert pair(d) == (3, 6)  # prefill needs 1, the band's 1:2 needs 3 beside 6 decode pods
+    assert condition(d, "ScalingLimited") == ("True", "RatioAdjusted")
+
+
+def test_slo_utilization_follows_the_queueing_bound() -> None:
+    # A 0.4 s prompt and a 2 s TTFT: 1.6 s of queue allowed, rho <= 3.2 / 3.6.
+    assert utilization_for_slo(2.0, 0.4) == pytest.approx(3.2 / 3.6)
+    assert utilization_for_slo(0.3, 0.4) == 0.05  # the prompt alone exceeds the SLO: the floor
+    p = make_policy(prefill={"minReplicas": 1, "maxReplicas": 3}, slo={"ttftMilliseconds": 600}, npuBudget=None)
+    # 1 s prompts cannot meet 0.6 s: the floor utilization sizes prefill at its max.
+    assert decide(load(0.6, 500, 1.0), State(), p, now=0.0).prefill.desired == 3
+
+
+def test_the_speed_is_measured_without_a_hint_and_held_without_busy_time() -> None:
+    p = make_policy(npuBudget=None)
+    d = decide(load(0.6, 1000, 1.0), State(), p, now=0.0)
+    assert d.state.tokens_per_busy_second == SPEED
+    idle = load(0.0, 1000, 1.0)
+    d2 = decide(idle, d.state, p, now=5.0)
+    assert d2.state.tokens_per_busy_second == SPEED
+
+
+# ---------------------------------------------------------------------------------------------------- properties
+
+DECODE = st.builds(
+    DecodeObservation,
+    replicas=st.integers(1, 8),
+    ready=st.integers(0, 8),
+    answered=st.integers(0, 8),
+    rolling_out=st.booleans(),
+    sequences=st.floats(0, 200),
+    waiting_for_kv=st.floats(0, 20),
+    arrived_tokens_per_second=st.one_of(st.none(), st.floats(0, 20000)),
+    arrived_requests_per_second=st.one_of(st.none(), st.floats(0.01, 50)),
+)
+PREFILL = st.builds(
+    PrefillObservation,
+    replicas=st.integers(0, 8),
+    ready=st.integers(0, 8),
+    answered=st.integers(0, 8),
+    busy_seconds_per_second=st.one_of(st.none(), st.floats(0, 16)),
+    busy_seconds=st.floats(0, 60),
+    tokens_per_busy_second=st.one_of(st.none(), st.floats(1, 5000)),
+    waiting_tokens=st.floats(0, 50000),
+)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    dmin, dmax = sorted((draw(st.integers(1, 8)), draw(st.integers(1, 8))))
+    pmin, pmax = sorted((draw(st.integers(1, 8)), draw(st.integers(1, 8))))
+    band = draw(
+        st.one_of(
+            st.none(),
+            st.tuples(*[st.integers(1, 6)] * 4).filter(lambda t: t[0] * t[3] <= t[2] * t[1]),
+        )
+    )
+    auto: dict[str, Any] = {
+        "mode": draw(st.sampled_from(["Operator", "External"])),
+        "decode": {"minReplicas": dmin, "maxReplicas": dmax},
+        "prefill": {"minReplicas": pmin, "maxReplicas": pmax},
+        "ratio": None if band is None else {"min": dict(prefill=band[0], decode=band[1]),
+                                            "max": dict(prefill=band[2], decode=band[3])},  # fmt: skip
+        "npuBudget": draw(st.one_of(st.none(), st.integers(2, 20))),
+        "behavior": {
+            "tolerancePercent": draw(st.integers(0, 30)),
+            "scaleUp": {"maxPodsPerInterval": draw(st.integers(1, 4))},
+            "scaleDown": {"stabilizationWindowSeconds": draw(st.sampled_from([0, 30, 300]))},
+        },
+    }
+    try:
+        return make_policy(coupled=draw(st.booleans()), **auto)
+    except ValueError:  # a refused spec (band out of reach, budget too small) is not a policy
+        from hypothesis import reject
+
+        reject()
+
+
+def _observations(draw_decode: DecodeObservation, draw_prefill: PrefillObservation, external: int) -> Observations:
+    d = replace(draw_decode, ready=min(draw_decode.ready, draw_decode.replicas))
+    d = replace(d, answered=min(d.answered, d.ready))
+    p = replace(draw_prefill, ready=min(draw_prefill.ready, draw_prefill.replicas))
+    p = replace(p, answered=min(p.answered, p.ready))
+    return Observations(d, p, external)
+
+
+@settings(max_examples=400, deadline=None)
+@given(policies(), DECODE, PREFILL, st.integers(0, 10), st.floats(0, 1000))
+def test_every_decision_is_inside_the_bounds_the_band_and_the_budget(p, dobs, pobs, external, now) -> None:
+    obs = _observations(dobs, pobs, external)
+    d = decide(obs, State(), p, now)
+    prefill, decode = pair(d)
+    assert p.bounds.contains(prefill, decode)
+    assert p.band is None or p.band.contains(prefill, decode)
+    assert p.npu_budget is None or p.cost(prefill, decode) <= p.npu_budget
+    if p.mode == "External" and decode > max(p.bounds.decode_min, external):  # the HPA's count is a ceiling ...
+        ceiling = max(p.bounds.decode_min, min(external, p.bounds.decode_max))
+        assert not any(  # ... unless no pair at or below it fits
+            (p.band is None or p.band.contains(q, e)) for e in range(p.bounds.decode_min, ceiling + 1)
+            for q in range(p.bounds.prefill_min, p.bounds.prefill_max + 1)
+            if p.npu_budget is None or p.cost(q, e) <= p.npu_budget
+        )  # fmt: skip
+    assert decide(obs, State(), p, now) == d  # same inputs, same output
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies(), DECODE, PREFILL, st.floats(1, 4))
+def test_more_demand_never_asks_for_fewer_pods(p, dobs, pobs, factor) -> None:
+    p = replace(p, npu_budget=None, mode="Operator")  # a binding budget moves NPUs between the roles by design
+    obs = _observations(dobs, pobs, 0)
+    more = replace(
+        obs,
+        decode=replace(
+            obs.decode,
+            sequences=obs.decode.sequences * factor,
+            waiting_for_kv=obs.decode.waiting_for_kv,
+            arrived_tokens_per_second=None
+            if obs.decode.arrived_tokens_per_second is None
+            else obs.decode.arrived_tokens_per_second * factor,
+        ),
+        prefill=replace(
+            obs.prefill,
+            busy_seconds_per_second=None
+            if obs.prefill.busy_seconds_per_second is None
+            else obs.prefill.busy_seconds_per_second * factor,
+            waiting_tokens=obs.prefill.waiting_tokens * factor,
+        ),
+    )
+    base, grown = decide(obs, State(), p, 0.0), decide(more, State(), p, 0.0)
+    assert grown.decode.desired >= base.decode.desired and grown.prefill.desired >= base.prefill.desired
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), st.lists(st.floats(0, 60), min_size=2, max_size=30))
+def test_no_role_shrinks_below_a_recommendation_of_its_down_window(p, demand) -> None:
+    p = replace(p, mode="Operator", npu_budget=None, band=None)
+    state, decode, recs = State(), p.bounds.decode_min, []
+    for i, sequences in enumerate(demand):
+        now = i * p.interval_seconds
+        obs = load(0.0, 200, 1.0, decode=decode)
+        obs = replace(obs, decode=replace(obs.decode, sequences=sequences, waiting_for_kv=0.0))
+        d = decide(obs, state, p, now)
+        recs.append((now, d.decode.recommended))
+        if d.decode.desired < decode:
+            window = [r for t, r in recs if now - t <= p.down_window]
+            assert d.decode.desired >= max(window) or d.decode.desired == decode - p.down_pods
+            assert now - 0.0 >= p.down_window
+            assert decode - d.decode.desired <= p.down_pods
+        if d.decode.desired > decode:
+            assert d.decode.desired - decode <= p.up_pods
+        state, decode = d.state, d.decode.desired
+
+
+def test_decode_capacity_is_lanes_times_occupancy() -> None:
+    p = make_policy(npuBudget=None, ratio=None, decode={"minReplicas": 1, "maxReplicas": 64,
+                                                        "targetOccupancyPercent": 50},
+                    behavior={"tolerancePercent": 0, "scaleUp": {"maxPodsPerInterval": 64}})  # fmt: skip
+    obs = load(0.0, 200, 1.0)
+    for sequences in (1.0, 2.0, 2.1, 9.0, 40.0):
+        o = replace(obs, decode=replace(obs.decode, sequences=sequences, waiting_for_kv=0.0))
+        assert decide(o, State(), p, 0.0).decode.desired == max(1, math.ceil(sequences / (LANES * 0.5)))

@@ -52,7 +52,7 @@ def review(
     found = problems(obj)
     if found:
         return Verdict([str(p) for p in found])
-    # kopf's own annotation and finalizer patches are UPDATEs too; only a spec change deserves new warnings.
+    # A metadata or status change is an UPDATE too; only a spec change deserves new warnings.
     if isinstance(old, Mapping) and old.get("spec") == obj.get("spec"):
         return Verdict()
     spec = AtomDeploymentSpec.model_validate(obj["spec"])

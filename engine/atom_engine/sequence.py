@@ -124,7 +124,6 @@ class Sequence:
     eos_token_id: int | None = None  # the model's, for min_tokens (set by the batcher)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked
-    cancel_requested: bool = False
     sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
     detokenizer: IncrementalDetokenizer | None = None  # the output's text, kept by the batcher (with a tokenizer)
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atom_operator.api import AtomDeploymentSpec, problems
-from atom_operator.api.kube import depth
+from atom_operator.api.fields import depth
 from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, fusion_refusals, npu_demand, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that

@@ -1,5 +1,5 @@
 """``atom-operator``: run the operator (:func:`atom_operator.main.main`); its settings come from the environment
-(:mod:`atom_operator.settings`)."""
+(:mod:`atom_operator.config`)."""
 
 from __future__ import annotations
 

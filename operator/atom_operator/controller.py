@@ -15,11 +15,11 @@ import logging
 import time
 from typing import Any
 
-from atom_operator import metrics, routing
+from atom_operator import routing, telemetry
 from atom_operator.api import KIND
 from atom_operator.children import Defaults
 from atom_operator.informer import Listing
-from atom_operator.kube import ApiError, Kube, TransientError
+from atom_operator.kube import Kube, KubeError, TransientError
 from atom_operator.reconcile import UNWATCHED, Context, reconcile
 from atom_operator.status import PodView
 from atom_operator.store import Key, Stores, newer, trimmed
@@ -93,7 +93,7 @@ class Controller:
         if old is not None and newer(old, body):
             return  # our own status patch already stored something newer
         store.put(body, key)
-        metrics.OBJECTS.set(len(store))
+        telemetry.OBJECTS.set(len(store))
         # A listing (start-up, a reconnect, a resync) reconciles everything; a watch event only a new spec (or a new
         # object of the same name): a status write is ours, or status only.
         old_meta = (old or {}).get("metadata", {})
@@ -120,7 +120,7 @@ class Controller:
     def _gone(self, kind: str, key: Key) -> None:
         if kind == KIND:
             self._failures.pop(key, None)
-            metrics.OBJECTS.set(len(self.stores[KIND]))
+            telemetry.OBJECTS.set(len(self.stores[KIND]))
         else:  # garbage collection after its owner, or a deletion to undo
             self.enqueue(key)
 
@@ -131,7 +131,7 @@ class Controller:
         self._pending.add(key)
         if key not in self._running:
             self._queue.put_nowait(key)
-        metrics.QUEUE.set(len(self._pending))
+        telemetry.QUEUE.set(len(self._pending))
 
     def enqueue_after(self, key: Key, delay: float) -> None:
         """Reconcile ``key`` in ``delay`` seconds (one timer per key: an earlier one stands)."""
@@ -151,7 +151,7 @@ class Controller:
         while True:
             key = await self._queue.get()
             self._pending.discard(key)
-            metrics.QUEUE.set(len(self._pending))
+            telemetry.QUEUE.set(len(self._pending))
             self._running.add(key)
             try:
                 await self._reconcile(key)
@@ -173,35 +173,35 @@ class Controller:
         try:
             outcome = await reconcile(self.context, body)
         except TransientError as e:
-            metrics.RECONCILES.labels("retry").inc()
+            telemetry.RECONCILES.labels("retry").inc()
             log.info("reconcile %s/%s: retry in %ss: %s", *key, e.delay, e)
             self._retry(key, e.delay)
             return
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 403 and "being terminated" in e.message:
                 return  # its namespace is going away, and the object with it
-            metrics.RECONCILES.labels("error").inc()
-            metrics.ERRORS.labels(f"http_{e.status}").inc()
+            telemetry.RECONCILES.labels("error").inc()
+            telemetry.ERRORS.labels(f"http_{e.status}").inc()
             log.error("reconcile %s/%s failed: %s", *key, e)
             self._retry(key, None)
             return
         except Exception as e:
-            metrics.RECONCILES.labels("error").inc()
-            metrics.ERRORS.labels(type(e).__name__).inc()
+            telemetry.RECONCILES.labels("error").inc()
+            telemetry.ERRORS.labels(type(e).__name__).inc()
             log.exception("reconcile %s/%s failed", *key)
             self._retry(key, None)
             return
         finally:
-            metrics.DURATION.observe(time.monotonic() - started)
+            telemetry.DURATION.observe(time.monotonic() - started)
         self._failures.pop(key, None)
         if outcome.requeue_after is not None:
             self.enqueue_after(key, outcome.requeue_after)
         if outcome.status_written is not None:
             self.event(KIND, "MODIFIED", outcome.status_written, key)
         for change in outcome.changes:
-            metrics.WRITES.labels(change.action).inc()
+            telemetry.WRITES.labels(change.action).inc()
         writes = len(outcome.changes) + (outcome.status_written is not None)
-        metrics.RECONCILES.labels("changed" if writes else "unchanged").inc()
+        telemetry.RECONCILES.labels("changed" if writes else "unchanged").inc()
         log.info(
             "reconciled namespace=%s name=%s writes=%d changes=%s",
             *key,

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from atom_operator import metrics
-from atom_operator.kube import ApiError, Kube, TransientError
+from atom_operator import telemetry
+from atom_operator.kube import Kube, KubeError, TransientError
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, AtomDeployment name)
@@ -79,7 +79,7 @@ class Informer:
                     raise TransientError("the watch ended as soon as it began")
             except asyncio.CancelledError:
                 raise
-            except (TransientError, ApiError) as e:
+            except (TransientError, KubeError) as e:
                 log.warning("informer=%s event=watch_broken retry_in=%.1fs error=%s", self, delay, e)
             except Exception:
                 log.exception("informer=%s event=watch_failed retry_in=%.1fs", self, delay)
@@ -94,7 +94,7 @@ class Informer:
         mine = [(item, key) for item in items if (key := self.owner_of(item)) is not None]
         self._owners = {(b["metadata"].get("namespace", ""), b["metadata"]["name"]): key for b, key in mine}
         self.sink.relisted(Listing(self.kind, self.namespace, mine, version))
-        metrics.RELISTS.labels(self.kind).inc()
+        telemetry.RELISTS.labels(self.kind).inc()
         if not self.synced.is_set():
             log.info("informer=%s event=synced objects=%d", self, len(mine))
         self.synced.set()
@@ -106,7 +106,7 @@ class Informer:
         try:
             async for event in self.kube.watch(self.kind, self.namespace, version, timeout, self.label_selector):
                 self._deliver(event.get("type"), event.get("object") or {})
-        except ApiError as e:
+        except KubeError as e:
             if e.status != 410:
                 raise
             # 410 Gone: the version is too old to watch from; a new listing starts over

@@ -4,7 +4,7 @@ The objects stay plain dicts, as the API server sends them: the applier compares
 back field by field, and the generated models would drop a field this client's version does not know. The kinds
 are named here once (no discovery round trips at start-up); server-side apply and the watch stream are the
 library's. What is worth repeating (409, 429, 5xx, a broken connection) raises :class:`TransientError` with a
-short delay; every other refusal is an :class:`ApiError` (an ``ApiException`` of the library's).
+short delay; every other refusal is an :class:`KubeError` (an ``ApiException`` of the library's).
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ class TransientError(Exception):
         self.delay = delay
 
 
-class ApiError(ApiException):
+class KubeError(ApiException):
     """The library's ApiException for a refused request, told in one line: status, reason, the server's message."""
 
     @classmethod
-    def of(cls, error: ApiException) -> ApiError:
+    def of(cls, error: ApiException) -> KubeError:
         out = cls(status=error.status, reason=error.reason)
         out.body, out.headers = error.body, error.headers
         return out
@@ -139,7 +139,7 @@ class Kube:
         except (TimeoutError, aiohttp.ClientError) as e:
             raise TransientError(f"{what}: {e!r}", delay=RETRY_DELAY) from e
         if response.status >= 400:
-            error = ApiError(http_resp=RESTResponse(response, data))
+            error = KubeError(http_resp=RESTResponse(response, data))
             error.body = data.decode(errors="replace")
             if error.status in RETRY_STATUSES:
                 raise TransientError(f"{what}: {error}", delay=RETRY_DELAY) from error
@@ -155,7 +155,7 @@ class Kube:
         group, version, plural = KINDS[kind]
         try:
             found = await self.request("GET", f"/apis/{group}/{version}" if group else f"/api/{version}")
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
@@ -164,7 +164,7 @@ class Kube:
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self._call(f"get {kind}", self.dynamic.get, self._resources[kind], name, namespace)
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return None
             raise
@@ -201,7 +201,7 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         try:
             await self._call(f"delete {kind}", self.dynamic.delete, self._resources[kind], name, namespace, body=body)
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
@@ -250,7 +250,7 @@ class Kube:
     ) -> AsyncIterator[dict[str, Any]]:
         """The watch events of ``kind`` after ``resource_version`` (bookmarks included), until the server ends the
         watch (after ``timeout_seconds``). A broken connection or a refused watch raises :class:`TransientError`;
-        a version too old to watch from (410 Gone, as an ERROR event) an :class:`ApiError`."""
+        a version too old to watch from (410 Gone, as an ERROR event) an :class:`KubeError`."""
         stream = Watch().stream(
             self.resource(kind, watching=True).get,
             namespace=namespace,
@@ -267,7 +267,7 @@ class Kube:
                 async for event in stream:
                     yield {"type": event["type"], "object": event["raw_object"]}
         except ApiException as e:  # an ERROR event, or the Status of a refused watch
-            error = ApiError.of(e)
+            error = KubeError.of(e)
             if e.status == 410:
                 raise error from e
             raise TransientError(f"watch {kind}: {error}", delay=RETRY_DELAY) from e

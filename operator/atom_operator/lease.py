@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from atom_operator.kube import ApiError, Kube, TransientError
+from atom_operator.kube import Kube, KubeError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class LeaderElector:
             if lease is not None and lease["spec"].get("holderIdentity") == self.settings.identity:
                 lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_now())
                 await self.kube.replace(lease)
-        except (ApiError, TransientError) as e:
+        except (KubeError, TransientError) as e:
             log.warning("event=lease_not_released error=%s", e)
 
     async def _try(self) -> bool:
@@ -99,7 +99,7 @@ class LeaderElector:
         except TransientError as e:  # a conflict (another replica wrote first), or the API server is away
             log.debug("event=lease_attempt_failed error=%s", e)
             return False
-        except ApiError as e:  # refused: RBAC, say; said, and tried again
+        except KubeError as e:  # refused: RBAC, say; said, and tried again
             log.warning("event=lease_attempt_failed error=%s", e)
             return False
 

@@ -12,7 +12,7 @@ import logging
 import signal
 
 from atom_operator import runtime
-from atom_operator.settings import Settings
+from atom_operator.config import Settings
 
 log = logging.getLogger(__name__)
 EXIT_LEASE_LOST = 3  # the kubelet restarts the container, which stands by until it may lead again

@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from atom_operator import apply, artifacts, events, routing, status
+from atom_operator import apply, compile_jobs, events, routing, status
 from atom_operator.api import AtomDeployment
 from atom_operator.children import Children, Defaults, Owner, build_children
 from atom_operator.children.inferencepool import epp_name
 from atom_operator.children.meta import APPLIED_HASH, ROLES, workload_name
-from atom_operator.kube import ApiError, Kube
+from atom_operator.kube import Kube, KubeError
 from atom_operator.npu import fusion_refusals
 from atom_operator.store import Stores
 
@@ -58,7 +58,7 @@ async def reconcile(ctx: Context, body: dict[str, Any]) -> Outcome:
     if owner is None:
         return Outcome([], None)
     key = (owner.namespace, owner.name)
-    jobs = {name: artifacts.JobView.of(job) for name, job in ctx.stores["Job"].owned_by(key).items()}
+    jobs = {name: compile_jobs.JobView.of(job) for name, job in ctx.stores["Job"].owned_by(key).items()}
     served = await ctx.discovery.kinds() if owner.spec.routing.inference_pool.enabled else frozenset()
     built = {j.key for j in jobs.values() if j.state == "Succeeded"}
     wanted = build_children(owner, ctx.defaults, built, served, routed_before(ctx.stores, owner, body))
@@ -73,7 +73,7 @@ async def reconcile(ctx: Context, body: dict[str, Any]) -> Outcome:
         return Outcome(changes, None, again)
     try:
         written = await ctx.kube.patch_status("AtomDeployment", owner.namespace, owner.name, {"status": new})
-    except ApiError as e:
+    except KubeError as e:
         if e.status == 404:  # deleted meanwhile: nothing left to report on
             return Outcome(changes, None)
         raise
@@ -123,12 +123,12 @@ def role_states(stores: Stores, owner: Owner, wanted: Children) -> tuple[status.
 
 
 def artifact_report(
-    stores: Stores, owner: Owner, wanted: Children, jobs: dict[str, artifacts.JobView]
-) -> artifacts.Report | None:
+    stores: Stores, owner: Owner, wanted: Children, jobs: dict[str, compile_jobs.JobView]
+) -> compile_jobs.Report | None:
     if not owner.spec.model.compile_cache:
         return None
     pods = stores["Pod"].owned_by((owner.namespace, owner.name)).values()
-    return artifacts.report(owner, wanted, jobs, [(p.role, p.failure) for p in pods if p.failure])
+    return compile_jobs.report(owner, wanted, jobs, [(p.role, p.failure) for p in pods if p.failure])
 
 
 async def converge(ctx: Context, body: dict[str, Any], owner: Owner, wanted: Children) -> list[apply.Change]:

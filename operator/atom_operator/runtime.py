@@ -16,15 +16,15 @@ from typing import Any
 
 import aiohttp.web
 
-from atom_operator import admission, metrics
+from atom_operator import admission, telemetry
 from atom_operator.admission import Verdict
 from atom_operator.api import GROUP, KIND
 from atom_operator.children.meta import DEPLOYMENT_LABEL
+from atom_operator.config import Settings
 from atom_operator.controller import Controller
 from atom_operator.informer import Informer, Key, OwnerOf, controlled_by, itself, labelled
 from atom_operator.kube import Kube
 from atom_operator.lease import LeaderElector
-from atom_operator.settings import Settings
 from atom_operator.store import Stores
 from atom_operator.webhook import WebhookServer
 
@@ -144,5 +144,5 @@ async def start(config: Settings) -> Runtime:
         runtime.webhook = WebhookServer(config.webhook, runtime.review)
         await runtime.webhook.start()
     if config.metrics_port:
-        runtime.http = await metrics.serve(config.metrics_addr, config.metrics_port, runtime.alive, runtime.ready)
+        runtime.http = await telemetry.serve(config.metrics_addr, config.metrics_port, runtime.alive, runtime.ready)
     return runtime

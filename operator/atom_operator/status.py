@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atom_operator.artifacts import Report, failure_of
 from atom_operator.children import Owner, endpoint
-from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, selector_string
+from atom_operator.children.meta import APPLIED_HASH, ROLES, WorkloadRole, selector_string
+from atom_operator.compile_jobs import Report, failure_of
 from atom_operator.npu import DEFAULT_PROFILE, NpuProfile
 
 
@@ -64,7 +64,7 @@ def rolled_out(deployment: dict[str, Any] | None, desired: int, applied_hash: st
 
 
 def pending_message(
-    owner: Owner, role: Role, pods: list[PodView], profile: NpuProfile = DEFAULT_PROFILE
+    owner: Owner, role: WorkloadRole, pods: list[PodView], profile: NpuProfile = DEFAULT_PROFILE
 ) -> str | None:
     """E.g. "decode: 2 of 3 pods Pending: insufficient rebellions.ai/npu (each needs 4)"."""
     mine = [p for p in pods if p.role == role]
@@ -111,7 +111,7 @@ class Condition:
 class RoleState:
     """One role as the watches show it: its Deployment, the hash of what we want it to run, and its pods."""
 
-    role: Role
+    role: WorkloadRole
     desired: int  # replicas the spec asks for
     deployment: dict[str, Any] | None  # the child Deployment as the store has it (None: not made, or withheld)
     applied_hash: str  # of the Deployment we want; "" while it is withheld (compileCache: no artifact yet)

@@ -1,6 +1,6 @@
 """The admission webhook's server, certificates and ValidatingWebhookConfiguration.
 
-Its settings are :class:`atom_operator.settings.WebhookSettings`.
+Its settings are :class:`atom_operator.config.WebhookSettings`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from cryptography.x509.oid import NameOID
 
 from atom_operator.admission import MAX_OBJECT_DEPTH, Verdict
 from atom_operator.api import GROUP, PLURAL, VERSION
-from atom_operator.api.kube import depth
-from atom_operator.settings import WebhookSettings
+from atom_operator.api.fields import depth
+from atom_operator.config import WebhookSettings
 
 log = logging.getLogger(__name__)
 WEBHOOK_NAME = f"validate.{PLURAL}.{GROUP}"

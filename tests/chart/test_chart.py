@@ -22,12 +22,12 @@ from atom_localcluster import tools
 from atom_operator import kube, routing, runtime
 from atom_operator.api.crd import CRD_NAME, render
 from atom_operator.children import Defaults
+from atom_operator.config import Settings
 from atom_operator.controller import Controller
 from atom_operator.informer import Listing
-from atom_operator.kube import ApiError, Kube, TransientError
+from atom_operator.kube import Kube, KubeError, TransientError
 from atom_operator.npu import RESOURCE_PATTERNS, NpuProfile
 from atom_operator.reconcile import reconcile
-from atom_operator.settings import Settings
 from cryptography import x509
 from kubernetes_asyncio.client import Configuration
 
@@ -535,7 +535,7 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
         gone = cluster.kubectl("get", "deployment", "x-prefill", "-n", namespace, check=False)
         assert "NotFound" in gone.stderr
 
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(KubeError) as refused:
             await client.request("GET", f"/api/v1/namespaces/{release.namespace}/secrets")
         assert refused.value.status == 403
     finally:

@@ -156,11 +156,12 @@ def test_a_condition_waiting_for_a_crd_asks_for_a_recheck_and_others_do_not() ->
 def test_the_default_picker_image_is_the_release_hack_tools_pins() -> None:
     """One release for the picker the tests run, the image `make docker-build` builds and what the operator and the
     chart deploy by default (hack/tools/epp/go.mod)."""
-    from atom_localcluster import docker, tools
+    from atom_localcluster import tools
+    from atom_localcluster.images import builds
     from atom_operator.children import Defaults
 
     release = tools.toolset_of("epp").version
     values = yaml.safe_load((tools.REPO / "charts" / "atom-operator" / "values.yaml").read_text())
     assert Defaults().epp_image == f"{values['engine']['eppImage']['repository']}:{release}"
     assert values["engine"]["eppImage"]["tag"] == release
-    assert docker.default_tag("epp") == f"atom-epp:{release}"
+    assert builds.default_tag("epp") == f"atom-epp:{release}"

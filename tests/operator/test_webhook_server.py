@@ -11,7 +11,7 @@ import aiohttp
 from atom_localcluster.cluster import free_port
 from atom_operator import webhook
 from atom_operator.admission import Verdict, review
-from atom_operator.settings import WebhookSettings
+from atom_operator.config import WebhookSettings
 
 
 def admission_review(obj: Any, operation: str = "CREATE") -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from atom_operator.api import rules
-from atom_operator.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
+from atom_operator.api.fields import FreeForm, LabelMap, Resources, Strict, Toleration
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields

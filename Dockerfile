@@ -1,5 +1,5 @@
 # Four images from one file:
-#   docker build --target operator    -t atom-operator:0.1.0 .     the operator (kopf), without torch
+#   docker build --target operator    -t atom-operator:0.1.0 .     the operator, without torch
 #   docker build --target engine      -t atom-engine:0.1.0 .       the serving engine, torch on the CPU by default
 #   docker build --target engine-rngd -t atom-engine-rngd:0.1.0 .  the engine for rngd prefill pods: FuriosaAI's
 #                                                                  furiosa-torch and the torch 2.10 it pins

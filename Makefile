@@ -22,6 +22,10 @@ test: prereqs venv venv-rngd tools device-plugin-stubs model judges ## install w
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
 
+.PHONY: test-fast
+test-fast: venv model ## the unit tests (engine, API models, operator logic, webhook server, house rules): no cluster tools, no Docker
+	$(PY) -m pytest -m "not cluster and not docker and not realnode and not judges and not kind and not slow and not rngd" tests/engine tests/api tests/operator tests/house $(PYTEST_ARGS)
+
 .PHONY: test-rngd
 test-rngd: prereqs venv venv-rngd ## only the rngd tests (make test runs them too): the prefill graph compiled for real (cached under ~/.cache/atom/rngd-artifacts), its backend, PD rngd->cpu/atom
 	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd $(PYTEST_ARGS)
@@ -73,7 +77,7 @@ docker-build: venv ## build the operator, engine, engine-rngd and endpoint-picke
 
 .PHONY: docker-lock
 docker-lock: venv ## regenerate requirements/operator.lock and engine.lock from dev.lock, engine-rngd.lock from rngd.lock
-	$(PY) -m atom_localcluster.docker lock
+	$(PY) hack/image_locks.py
 
 .PHONY: e2e-kind
 e2e-kind: prereqs venv tools ## kind e2e on the node image built here (cached by recipe); KIND_NODE_IMAGE=... picks another

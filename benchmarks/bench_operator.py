@@ -163,8 +163,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/operator.md"))
     args = ap.parse_args()
     n = args.count
-    atom_nodes = [atom_node(f"atom-b{i}", 100) for i in range(n // 90 + 1)]
-    rngd_nodes = [rngd_node(f"rngd-b{i}", 100) for i in range(n // 3 // 90 + 1)]
+    # Each engine pod requests 1 CPU (operator/atom_operator/sizing.py) of a fake node's 64 and one of its 110 pods:
+    # enough nodes that every pod fits, so Ready measures the operator and Kubernetes, not a full cluster.
+    per_node = 60
+    atom_nodes = [atom_node(f"atom-b{i}", 100) for i in range(n // per_node + 1)]
+    rngd_nodes = [rngd_node(f"rngd-b{i}", 100) for i in range(n // 3 // per_node + 1)]
     work = Path(tempfile.mkdtemp(prefix="atom-bench-"))
     with Cluster(nodes=[*atom_nodes, *rngd_nodes]) as cluster:
         from atom_operator.api.crd import render

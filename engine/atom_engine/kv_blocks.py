@@ -59,9 +59,6 @@ class KVBlocks:
         """
         return self.index.longest(tokens, len(tokens) - 1)
 
-    def block_of(self, owner: Hashable) -> int:
-        return self.lanes[owner]
-
     def cached_blocks(self) -> list[int]:
         """Cached blocks, least recently used first (the eviction order)."""
         return list(self.cache.values())

@@ -1,10 +1,10 @@
 """tcmalloc under the engine's process, where the system has it.
 
 Each eager decode step makes and drops about a thousand small tensors, and each prefill a few large ones; glibc's
-malloc serves them slower than tcmalloc. With Debian's ``libtcmalloc-minimal4`` preloaded, SmolLM2's 32-request
-benchmark runs about 8 % faster in process (bfloat16, alternating processes: 10.2 -> 9.4 s; see
-benchmarks/results/engine.md). Raising glibc's mmap and trim thresholds (``mallopt``) did not get it. vLLM's CPU
-backend preloads tcmalloc for its engine processes the same way (vllm/platforms/cpu.py) and its docs ask for it.
+malloc serves them slower than tcmalloc (Debian's ``libtcmalloc-minimal4``; the gain is in
+benchmarks/results/measured-in-place.md). Raising glibc's mmap and trim thresholds (``mallopt``) did not get it.
+vLLM's CPU backend preloads tcmalloc for its engine processes the same way (vllm/platforms/cpu.py) and its docs
+ask for it.
 
 A preload takes effect only from a process's start, so the entry point (:func:`reexec_with_tcmalloc`, before
 torch is imported) replaces the process once with itself under ``LD_PRELOAD``: ``exec`` keeps the PID, so a

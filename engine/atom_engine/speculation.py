@@ -6,8 +6,8 @@ end goes on copying itself: the text repeats with that period). The decode step 
 token plus a draft of up to ``k`` guessed tokens (how many follows how the request's drafts fare), and keeps the
 guesses the model itself would have produced (the argmax at each position, checked in order) plus the model's own
 next token, so the output is the one plain greedy decoding gives, in fewer steps. A step over 8 lanes reads
-every weight once whatever its row count, so the extra rows are cheap next to the steps saved (SmolLM2, 2
-threads: linears of 8 rows 16 ms, of 16 rows 19 ms).
+every weight once whatever its row count, so the extra rows are cheap next to the steps saved
+(benchmarks/results/measured-in-place.md).
 vLLM's ``ngram`` speculative method matches the same way (``vllm/v1/spec_decode/ngram_proposer.py``).
 
 Pure Python: the index grows by a few dict writes per output token, and a lookup is a few dict reads.

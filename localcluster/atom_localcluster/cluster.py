@@ -170,6 +170,83 @@ AUDIT_POLICY = {
 }
 
 
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One process of the control plane: its binary and its flags (``--flag=value`` each, so booleans read right)."""
+
+    name: str
+    binary: Path
+    flags: dict[str, object]
+
+    def argv(self) -> list[object]:
+        return [self.binary, *(f"{flag}={value}" for flag, value in self.flags.items())]
+
+
+# Every component but etcd binds to loopback and runs alone (no leader election, no profiling).
+_LOCAL = {"--bind-address": "127.0.0.1", "--leader-elect": "false", "--profiling": "false"}
+# Far above the default client throttle (20 QPS): with hundreds of objects (make bench-operator) the controllers
+# should be limited by the API server, not by their own rate limiter.
+_CLIENT_RATE = {"--kube-api-qps": 200, "--kube-api-burst": 400}
+
+
+def etcd_spec(binary: Path, data_dir: Path, port: int, peer_port: int) -> ComponentSpec:
+    url, peer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer_port}"
+    return ComponentSpec("etcd", binary, {
+        "--name": "atom",
+        "--data-dir": data_dir,
+        "--listen-client-urls": url,
+        "--advertise-client-urls": url,
+        "--listen-peer-urls": peer,
+        "--initial-advertise-peer-urls": peer,
+        "--initial-cluster": f"atom={peer}",
+        "--unsafe-no-fsync": "true",  # a test cluster: speed over durability
+        "--log-level": "warn",
+    })
+
+
+def _authenticated(kubeconfig: Path) -> dict[str, object]:
+    """A controller's client and its own serving endpoint, both on ``kubeconfig``'s identity."""
+    return {"--kubeconfig": kubeconfig, "--authentication-kubeconfig": kubeconfig,
+            "--authorization-kubeconfig": kubeconfig, "--secure-port": free_port()}
+
+
+def controller_manager_spec(
+    binary: Path, kubeconfig: Path, sa: pki.KeyPair, ca: pki.CertificateAuthority
+) -> ComponentSpec:
+    return ComponentSpec("kube-controller-manager", binary, {
+        **_authenticated(kubeconfig),
+        **_LOCAL,
+        "--service-account-private-key-file": sa.key,
+        "--root-ca-file": ca.pair.cert,
+        "--use-service-account-credentials": "true",
+        "--cluster-signing-cert-file": ca.pair.cert,
+        "--cluster-signing-key-file": ca.pair.key,
+        "--service-cluster-ip-range": SERVICE_CIDR,
+        "--cluster-cidr": POD_CIDR,
+        # Garbage collection and workload controllers react at once; nodes are kwok's to keep alive.
+        "--concurrent-gc-syncs": 20,
+        **_CLIENT_RATE,
+    })
+
+
+def scheduler_spec(binary: Path, kubeconfig: Path) -> ComponentSpec:
+    # The client rate flags are deprecated for the scheduler, and still honoured without --config.
+    return ComponentSpec("kube-scheduler", binary, {**_authenticated(kubeconfig), **_LOCAL, **_CLIENT_RATE})
+
+
+def kwok_spec(binary: Path, kubeconfig: Path) -> ComponentSpec:
+    return ComponentSpec("kwok", binary, {
+        "--kubeconfig": kubeconfig,
+        "--config": HERE / "kwok-stages.yaml",
+        "--manage-all-nodes": "false",
+        "--manage-nodes-with-annotation-selector": "kwok.x-k8s.io/node=fake",
+        "--cidr": "10.244.0.1/16",
+        "--node-ip": "10.0.0.1",
+        "--node-lease-duration-seconds": 40,
+        "--server-address": f"127.0.0.1:{free_port()}",
+    })
+
+
 @dataclass
 class Cluster:
     """A running control plane. Use as a context manager, or ``start()``/``stop()``."""
@@ -239,113 +316,17 @@ class Cluster:
         deadline = time.monotonic() + timeout
 
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        etcd = self._spawn(
-            "etcd",
-            [
-                binaries["etcd"],
-                "--name",
-                "atom",
-                "--data-dir",
-                str(wd / "etcd"),
-                "--listen-client-urls",
-                etcd_url,
-                "--advertise-client-urls",
-                etcd_url,
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster",
-                f"atom=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync",  # a test cluster: speed over durability
-                "--log-level",
-                "warn",
-            ],
-        )
+        etcd = self._spawn("etcd", etcd_spec(binaries["etcd"], wd / "etcd", etcd_port, etcd_peer).argv())
         self._wait(etcd, lambda: _http_ok(f"{etcd_url}/health"), deadline)
-
         self._api_inputs = (wd, ca, serving, sa, binaries, etcd_url)
         api = self._spawn("kube-apiserver", self._apiserver_argv(api_port, self.audit_log))
         self._wait(api, self._readyz, deadline)
-
-        common = ["--bind-address", "127.0.0.1", "--leader-elect=false", "--profiling=false"]
-        self._spawn(
-            "kube-controller-manager",
-            [
-                binaries["kube-controller-manager"],
-                "--kubeconfig",
-                str(kcm_cfg),
-                "--authentication-kubeconfig",
-                str(kcm_cfg),
-                "--authorization-kubeconfig",
-                str(kcm_cfg),
-                "--secure-port",
-                str(free_port()),
-                *common,
-                "--service-account-private-key-file",
-                str(sa.key),
-                "--root-ca-file",
-                str(ca.pair.cert),
-                "--use-service-account-credentials=true",
-                "--cluster-signing-cert-file",
-                str(ca.pair.cert),
-                "--cluster-signing-key-file",
-                str(ca.pair.key),
-                "--service-cluster-ip-range",
-                SERVICE_CIDR,
-                "--cluster-cidr",
-                POD_CIDR,
-                # Garbage collection and workload controllers react at once; nodes are kwok's to keep alive.
-                "--concurrent-gc-syncs",
-                "20",
-                # Far above the default client throttle (20 QPS): with hundreds of objects (make bench-operator)
-                # the controllers should be limited by the API server, not by their own rate limiter.
-                "--kube-api-qps",
-                "200",
-                "--kube-api-burst",
-                "400",
-            ],
-        )
-        self._spawn(
-            "kube-scheduler",
-            [
-                binaries["kube-scheduler"],
-                "--kubeconfig",
-                str(sched_cfg),
-                "--authentication-kubeconfig",
-                str(sched_cfg),
-                "--authorization-kubeconfig",
-                str(sched_cfg),
-                "--secure-port",
-                str(free_port()),
-                *common,
-                "--kube-api-qps",  # as for the controller-manager (deprecated flag, still honoured without --config)
-                "200",
-                "--kube-api-burst",
-                "400",
-            ],
-        )
-        self._spawn(
-            "kwok",
-            [
-                binaries["kwok"],
-                "--kubeconfig",
-                str(kwok_cfg),
-                "--config",
-                str(HERE / "kwok-stages.yaml"),
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector",
-                "kwok.x-k8s.io/node=fake",
-                "--cidr",
-                "10.244.0.1/16",
-                "--node-ip",
-                "10.0.0.1",
-                "--node-lease-duration-seconds",
-                "40",
-                "--server-address",
-                f"127.0.0.1:{free_port()}",
-            ],
-        )
+        for spec in (
+            controller_manager_spec(binaries["kube-controller-manager"], kcm_cfg, sa, ca),
+            scheduler_spec(binaries["kube-scheduler"], sched_cfg),
+            kwok_spec(binaries["kwok"], kwok_cfg),
+        ):
+            self._spawn(spec.name, spec.argv())
         self._wait_default_service_account(deadline)
         self.add_nodes(self.nodes, deadline=deadline)
 
@@ -375,7 +356,7 @@ class Cluster:
             "--audit-log-format": "json",
             "--profiling": "false",
         }
-        return [binaries["kube-apiserver"], *(f"{flag}={value}" for flag, value in flags.items())]
+        return ComponentSpec("kube-apiserver", binaries["kube-apiserver"], flags).argv()
 
     def stop(self) -> None:
         for c in reversed(self.components):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from atom_localcluster import kindnode, runc_caps, tools
 from atom_localcluster.cluster import Cluster, HarnessError
-from atom_localcluster.docker import cache_dir, docker, ensure_daemon
+from atom_localcluster.images.daemon import cache_dir, docker, ensure_daemon
 
 DAEMON_JSON = Path("/etc/docker/daemon.json")
 RUNTIME = "atom-runc"

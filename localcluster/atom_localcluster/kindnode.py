@@ -51,7 +51,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from atom_localcluster import containerd, tools
-from atom_localcluster.docker import DockerError, _apt_install, _tail, cache_dir, docker, ensure_daemon, image_exists
+from atom_localcluster.images.daemon import (
+    DockerError,
+    apt_install,
+    cache_dir,
+    docker,
+    ensure_daemon,
+    image_exists,
+    tail,
+)
 
 REPOSITORY = "atom.local/kind"  # kubeadm's imageRepository on this image: <REPOSITORY>/<component>:<tag>
 NODE_REPOSITORY = "atom.local/kind-node"
@@ -292,14 +300,14 @@ def _install_kubernetes(recipe: NodeRecipe, rootfs: Path) -> None:
 
 def _debootstrap(recipe: NodeRecipe, rootfs: Path, log: Path) -> None:
     if shutil.which("debootstrap") is None:
-        _apt_install("debootstrap")
+        apt_install("debootstrap")
     cmd = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}", recipe.suite,
            str(rootfs)]
     _log(f"debootstrap {recipe.suite} with {len(recipe.packages)} packages (log: {log})")
     with open(log, "wb") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
     if rc != 0:
-        raise DockerError(f"debootstrap exited {rc}; {log}:\n{_tail(log)}")
+        raise DockerError(f"debootstrap exited {rc}; {log}:\n{tail(log)}")
     for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*", "var/log/*.log",
                     "var/log/apt/*", "usr/share/doc/*", "usr/share/man/*", "usr/share/locale/*"):
         for p in rootfs.glob(pattern):

@@ -24,7 +24,7 @@ USER = "atom-operator"
 
 
 class OperatorProcess:
-    modules: tuple[str, ...] = ("atom_operator.main",)  # the kopf modules it runs (`kopf run -m ...`)
+    hooks: tuple[str, ...] = ()  # modules imported into the process before the operator starts (a test's hooks)
 
     def __init__(self, cluster, workdir: Path, server: str | None = None) -> None:
         """``server``: the API server to talk to (default: the cluster's first)."""
@@ -49,7 +49,7 @@ class OperatorProcess:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
-            **{k: v for k, v in os.environ.items() if k not in ("ATOM_FAILPOINT", "ATOM_WEBHOOK_MANAGED")},
+            **{k: v for k, v in os.environ.items() if k != "ATOM_FAILPOINT"},
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join([str(REPO / "engine"), str(REPO / "operator"), str(REPO)]),
             "ATOM_WEBHOOK_ADDR": "127.0.0.1",
@@ -67,9 +67,7 @@ class OperatorProcess:
     def start(self, wait: bool = True, **env: str) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.log_path, "a")  # noqa: SIM115 - the child keeps it
-        argv = [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces"]
-        for m in self.modules:
-            argv += ["-m", m]
+        argv = [sys.executable, "-m", "atom_localcluster.operator_main", *self.hooks]
         self.proc = subprocess.Popen(
             argv, env=self.env(**env), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atom_operator.api import AtomDeploymentSpec, problems
-from atom_operator.api.kube import depth
+from atom_operator.api.fields import depth
 from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, fusion_refusals, npu_demand, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
@@ -52,7 +52,7 @@ def review(
     found = problems(obj)
     if found:
         return Verdict([str(p) for p in found])
-    # kopf's own annotation and finalizer patches are UPDATEs too; only a spec change deserves new warnings.
+    # A metadata or status change is an UPDATE too; only a spec change deserves new warnings.
     if isinstance(old, Mapping) and old.get("spec") == obj.get("spec"):
         return Verdict()
     spec = AtomDeploymentSpec.model_validate(obj["spec"])

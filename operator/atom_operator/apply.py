@@ -9,16 +9,15 @@ away; where a field we own whole still holds someone else's entries after it, a 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from kubernetes.utils import parse_quantity
-
 from atom_operator import ownership
-from atom_operator.cache import ChildCache
 from atom_operator.children.meta import APPLIED_HASH, MANAGER
 from atom_operator.kube import Kube
+from atom_operator.store import Key, Store
 
 Action = Literal["created", "changed", "deleted"]
 REPLACED_KINDS = {"Job"}  # kinds whose spec cannot be updated, only replaced
@@ -35,9 +34,10 @@ class Change:
 
 
 async def ensure(
-    kube: Kube, desired: dict[str, Any], current: dict[str, Any] | None, cache: ChildCache
+    kube: Kube, desired: dict[str, Any], current: dict[str, Any] | None, store: Store[dict[str, Any]], owner: Key
 ) -> Change | None:
-    """Create or update ``desired`` (``current``: as it is, None if missing); None when nothing was written."""
+    """Create or update ``desired`` (``current``: as it is, None if missing), keeping the answer in its kind's
+    ``store``; None when nothing was written."""
     kind, meta = desired["kind"], desired["metadata"]
     if current is not None and not needs_write(desired, current):
         return None
@@ -47,35 +47,33 @@ async def ensure(
         if (current["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][APPLIED_HASH]:
             return None
         await kube.delete(kind, meta["namespace"], meta["name"], uid=current["metadata"].get("uid"))
-        cache.forget(kind, meta["namespace"], meta["name"])
+        store.delete(meta["namespace"], meta["name"])
     written = await kube.apply(desired, MANAGER)
     foreign = ownership.repairs(desired, written, contains)
     if foreign:
         written = await kube.patch_json(kind, meta["namespace"], meta["name"], foreign, MANAGER)
-    cache.store(kind, written)
+    store.put(written, owner)
     return Change("created" if current is None else "changed", kind, meta["name"])
 
 
 async def remove(
-    kube: Kube, cache: ChildCache, kind: str, namespace: str, name: str, current: dict[str, Any] | None, owner_uid: str
+    kube: Kube, store: Store[dict[str, Any]], namespace: str, name: str, current: dict[str, Any] | None, owner_uid: str
 ) -> Change | None:
     """Delete a child that should no longer exist, if it is ours (a same-named object of someone else stays)."""
     if current is None or not owned_by(current, owner_uid):
         return None
-    deleted = await kube.delete(kind, namespace, name, uid=current["metadata"]["uid"])
-    cache.forget(kind, namespace, name)
-    return Change("deleted", kind, name) if deleted else None
+    deleted = await kube.delete(store.kind, namespace, name, uid=current["metadata"]["uid"])
+    store.delete(namespace, name)
+    return Change("deleted", store.kind, name) if deleted else None
 
 
 async def current(
-    kube: Kube, cache: ChildCache, kind: str, namespace: str, name: str, *, ask: bool = True
+    kube: Kube, store: Store[dict[str, Any]], namespace: str, name: str, *, ask: bool
 ) -> dict[str, Any] | None:
-    """The child as it is now. The watches keep the cache current; a child it has not seen costs a GET if ``ask``.
-
-    Not asking is safe for a child we want (a forced apply creates or updates alike, so a wrong guess costs one
-    write that changes nothing) and for one we remove (a child of an owner made while we watch is in the cache)."""
-    cached = cache.get(kind, namespace, name)
-    return cached if cached is not None or not ask else await kube.get(kind, namespace, name)
+    """The child as it is now. A watched kind's store is complete: a child it lacks does not exist. A kind no
+    informer watches (``ask``) holds only our own writes' answers: a child it lacks costs a GET."""
+    cached = store.get(namespace, name)
+    return cached if cached is not None or not ask else await kube.get(store.kind, namespace, name)
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:
@@ -122,11 +120,24 @@ def same_quantity(a: Any, b: Any) -> bool:
     return x is not None and x == y
 
 
+# A quantity's suffix -> its factor, as the API server reads them (apimachinery's resource.Quantity).
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3), ("M", 6), ("G", 9),
+                                          ("T", 12), ("P", 15), ("E", 18))},
+}
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([KMGTPE]i|[numkMGTPE])?|[eE]([+-]?[0-9]+))")
+
+
 def _quantity(value: Any) -> Decimal | None:
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
-    try:
-        parsed = parse_quantity(value)
-    except (ValueError, ArithmeticError):
+    found = _QUANTITY.fullmatch(str(value))
+    if found is None:
         return None
-    return parsed if parsed.is_finite() else None  # Decimal also reads "NaN" and "Infinity"; no quantity is either
+    number, suffix, exponent = found.groups()
+    try:
+        factor = Decimal(10) ** int(exponent) if exponent is not None else _SUFFIXES[suffix or ""]
+        return Decimal(number) * factor
+    except (InvalidOperation, ArithmeticError, ValueError):
+        return None

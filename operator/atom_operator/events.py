@@ -8,7 +8,7 @@ from typing import Any
 
 from atom_operator.apply import Change
 from atom_operator.children.meta import MANAGER
-from atom_operator.kube import ApiError, Kube
+from atom_operator.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
 REASONS = {"created": "ChildCreated", "changed": "ChildUpdated", "deleted": "ChildDeleted"}
@@ -44,6 +44,6 @@ async def post(kube: Kube, owner: dict[str, Any], change: Change, now: str) -> N
     # An Event is a courtesy: failing to post one must not fail (and so repeat) the reconcile.
     try:
         await kube.create(build_event(owner, change, now))
-    except Exception as e:  # noqa: BLE001 - ApiError, TemporaryError, anything the connection raises
-        level = logging.DEBUG if isinstance(e, ApiError) and e.status == 403 else logging.WARNING
+    except Exception as e:  # noqa: BLE001 - KubeError, TemporaryError, anything the connection raises
+        level = logging.DEBUG if isinstance(e, KubeError) and e.status == 403 else logging.WARNING
         log.log(level, "event not posted: %s: %s", change, e)

@@ -22,15 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import kopf
-
-from atom_operator import metrics
-from atom_operator.kube import ApiError, Kube
+from atom_operator import telemetry
+from atom_operator.kube import Kube, KubeError, TransientError
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, AtomDeployment name)
 OwnerOf = Callable[[dict[str, Any]], Key | None]
-BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
+RELIST_BACKOFF_MIN, RELIST_BACKOFF_MAX = 0.5, 5.0  # a broken watch's relist delays
 
 
 @dataclass(frozen=True)
@@ -69,19 +67,19 @@ class Informer:
         return f"Informer({self.kind}, {self.namespace or '*'})"
 
     async def run(self) -> None:
-        delay = BACKOFF_MIN
+        delay = RELIST_BACKOFF_MIN
         while True:
             try:
                 version = await self._list()
-                delay = BACKOFF_MIN
+                delay = RELIST_BACKOFF_MIN
                 started = time.monotonic()
                 await self._watch(version)
                 if time.monotonic() - started < 1:
                     # Ended at once without an error (a proxy closing it, say): list again, but not in a tight loop.
-                    raise kopf.TemporaryError("the watch ended as soon as it began")
+                    raise TransientError("the watch ended as soon as it began")
             except asyncio.CancelledError:
                 raise
-            except (kopf.TemporaryError, ApiError) as e:
+            except (TransientError, KubeError) as e:
                 log.warning("informer=%s event=watch_broken retry_in=%.1fs error=%s", self, delay, e)
             except Exception:
                 log.exception("informer=%s event=watch_failed retry_in=%.1fs", self, delay)
@@ -89,14 +87,14 @@ class Informer:
                 continue  # the watch ended as asked (resync) or expired: list again at once
             # Jittered, so informers (and operators) do not reconnect in lockstep after an outage.
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(BACKOFF_MAX, delay * 2)
+            delay = min(RELIST_BACKOFF_MAX, delay * 2)
 
     async def _list(self) -> str:
         items, version = await self.kube.list(self.kind, self.namespace, self.label_selector)
         mine = [(item, key) for item in items if (key := self.owner_of(item)) is not None]
-        self._owners = {(b["metadata"]["namespace"], b["metadata"]["name"]): key for b, key in mine}
+        self._owners = {(b["metadata"].get("namespace", ""), b["metadata"]["name"]): key for b, key in mine}
         self.sink.relisted(Listing(self.kind, self.namespace, mine, version))
-        metrics.RELISTS.labels(self.kind).inc()
+        telemetry.RELISTS.labels(self.kind).inc()
         if not self.synced.is_set():
             log.info("informer=%s event=synced objects=%d", self, len(mine))
         self.synced.set()
@@ -108,7 +106,7 @@ class Informer:
         try:
             async for event in self.kube.watch(self.kind, self.namespace, version, timeout, self.label_selector):
                 self._deliver(event.get("type"), event.get("object") or {})
-        except ApiError as e:
+        except KubeError as e:
             if e.status != 410:
                 raise
             # 410 Gone: the version is too old to watch from; a new listing starts over
@@ -118,7 +116,7 @@ class Informer:
         if type_ == "BOOKMARK":
             return
         body.setdefault("kind", self.kind)
-        ref = (body["metadata"]["namespace"], body["metadata"]["name"])
+        ref = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         key = self.owner_of(body)
         if key is None:
             key = self._owners.pop(ref, None)

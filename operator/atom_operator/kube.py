@@ -2,10 +2,9 @@
 
 The objects stay plain dicts, as the API server sends them: the applier compares what it applied with what it reads
 back field by field, and the generated models would drop a field this client's version does not know. The kinds
-are named here once (no discovery round trips at start-up); server-side apply, the watch stream and the error
-types are the library's. What is retryable (409, 429, 5xx, a broken connection) becomes
-:class:`kopf.TemporaryError` with a short delay; every other refusal is an :class:`ApiError` (an
-``ApiException`` of the library's).
+are named here once (no discovery round trips at start-up); server-side apply and the watch stream are the
+library's. What is worth repeating (409, 429, 5xx, a broken connection) raises :class:`TransientError` with a
+short delay; every other refusal is an :class:`KubeError` (an ``ApiException`` of the library's).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.client.rest import RESTResponse
@@ -26,7 +24,7 @@ from kubernetes_asyncio.watch import Watch
 
 from atom_operator.api import GROUP, PLURAL, VERSION
 
-# kind -> (API group, version, plural); every kind here is namespaced.
+# kind -> (API group, version, plural); every kind here is namespaced but those in CLUSTER_SCOPED.
 KINDS = {
     "ConfigMap": ("", "v1", "configmaps"),
     "Service": ("", "v1", "services"),
@@ -42,18 +40,33 @@ KINDS = {
     "ServiceAccount": ("", "v1", "serviceaccounts"),
     "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    # The webhook's warnings: the nodes' NPUs and the claims that exist.
+    "Node": ("", "v1", "nodes"),
+    "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+    # Leader election (atom_operator.lease).
+    "Lease": ("coordination.k8s.io", "v1", "leases"),
 }
+CLUSTER_SCOPED = {"Node"}
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 RETRY_DELAY = 1.0
 TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
 CONNECTIONS = 32  # requests in flight at once (the reconcile workers'); the watches have a pool of their own
 
 
-class ApiError(ApiException):
+class TransientError(Exception):
+    """A request that may well succeed if repeated after ``delay`` seconds: a conflict, throttling, a server error
+    or a broken connection."""
+
+    def __init__(self, message: str, delay: float = RETRY_DELAY) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class KubeError(ApiException):
     """The library's ApiException for a refused request, told in one line: status, reason, the server's message."""
 
     @classmethod
-    def of(cls, error: ApiException) -> ApiError:
+    def of(cls, error: ApiException) -> KubeError:
         out = cls(status=error.status, reason=error.reason)
         out.body, out.headers = error.body, error.headers
         return out
@@ -73,20 +86,21 @@ class ApiError(ApiException):
 class Kube:
     """Requests to one API server: a pool for the reconcile workers, another for the long-lived watches."""
 
-    def __init__(self, configuration: client.Configuration) -> None:
+    def __init__(self, configuration: client.Configuration, agent: str = "atom-operator") -> None:
+        """``agent``: the User-Agent, which audit logs record (each replica names itself in it)."""
         configuration.connection_pool_maxsize = CONNECTIONS
         self._api = client.ApiClient(configuration)
-        self._api.user_agent = "atom-operator"
+        self._api.user_agent = agent
         watching = copy.deepcopy(configuration)
         watching.connection_pool_maxsize = 0  # unbounded: the watches never take the workers' connections
         self._watch_api = client.ApiClient(watching)
-        self._watch_api.user_agent = "atom-operator"
+        self._watch_api.user_agent = agent
         # Constructed, not awaited: no discovery, as the resources are named in KINDS.
         self.dynamic, self._watching = DynamicClient(self._api), DynamicClient(self._watch_api)
         self._resources = {kind: self.resource(kind) for kind in KINDS}
 
     @classmethod
-    async def login(cls) -> Kube:
+    async def login(cls, agent: str = "atom-operator") -> Kube:
         """In the cluster: its service account (the token re-read as it rotates); outside: the kubeconfig."""
         configuration = client.Configuration()
         try:
@@ -95,8 +109,8 @@ class Kube:
             try:
                 await config.load_kube_config(client_configuration=configuration)
             except config.ConfigException as e:
-                raise kopf.PermanentError(f"no Kubernetes credentials: neither in-cluster nor a kubeconfig: {e}") from e
-        return cls(configuration)
+                raise RuntimeError(f"no Kubernetes credentials: neither in-cluster nor a kubeconfig: {e}") from e
+        return cls(configuration, agent)
 
     def resource(self, kind: str, watching: bool = False) -> Resource:
         group, version, plural = KINDS[kind]
@@ -106,7 +120,7 @@ class Kube:
             api_version=version,
             kind=kind,
             name=plural,
-            namespaced=True,
+            namespaced=kind not in CLUSTER_SCOPED,
             client=self._watching if watching else self.dynamic,
         )
 
@@ -123,12 +137,12 @@ class Kube:
             async with response:
                 data = await response.read()
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise kopf.TemporaryError(f"{what}: {e!r}", delay=RETRY_DELAY) from e
+            raise TransientError(f"{what}: {e!r}", delay=RETRY_DELAY) from e
         if response.status >= 400:
-            error = ApiError(http_resp=RESTResponse(response, data))
+            error = KubeError(http_resp=RESTResponse(response, data))
             error.body = data.decode(errors="replace")
             if error.status in RETRY_STATUSES:
-                raise kopf.TemporaryError(f"{what}: {error}", delay=RETRY_DELAY) from error
+                raise TransientError(f"{what}: {error}", delay=RETRY_DELAY) from error
             raise error
         return json.loads(data) if data else {}
 
@@ -141,7 +155,7 @@ class Kube:
         group, version, plural = KINDS[kind]
         try:
             found = await self.request("GET", f"/apis/{group}/{version}" if group else f"/api/{version}")
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
@@ -150,7 +164,7 @@ class Kube:
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self._call(f"get {kind}", self.dynamic.get, self._resources[kind], name, namespace)
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return None
             raise
@@ -187,11 +201,19 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         try:
             await self._call(f"delete {kind}", self.dynamic.delete, self._resources[kind], name, namespace, body=body)
-        except ApiError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
         return True
+
+    async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A PUT of the whole object: refused with 409 (a TransientError) unless its resourceVersion is current."""
+        meta = obj["metadata"]
+        return await self._call(
+            f"replace {obj['kind']}", self.dynamic.replace, self._resources[obj["kind"]], obj, meta["name"],
+            meta["namespace"],
+        )
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return await self._call(f"create {obj['kind']}", self.dynamic.create, self._resources[obj["kind"]], obj)
@@ -227,8 +249,8 @@ class Kube:
         label_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """The watch events of ``kind`` after ``resource_version`` (bookmarks included), until the server ends the
-        watch (after ``timeout_seconds``). A broken connection or a refused watch raises ``kopf.TemporaryError``;
-        a version too old to watch from (410 Gone, as an ERROR event) an :class:`ApiError`."""
+        watch (after ``timeout_seconds``). A broken connection or a refused watch raises :class:`TransientError`;
+        a version too old to watch from (410 Gone, as an ERROR event) an :class:`KubeError`."""
         stream = Watch().stream(
             self.resource(kind, watching=True).get,
             namespace=namespace,
@@ -245,9 +267,9 @@ class Kube:
                 async for event in stream:
                     yield {"type": event["type"], "object": event["raw_object"]}
         except ApiException as e:  # an ERROR event, or the Status of a refused watch
-            error = ApiError.of(e)
+            error = KubeError.of(e)
             if e.status == 410:
                 raise error from e
-            raise kopf.TemporaryError(f"watch {kind}: {error}", delay=RETRY_DELAY) from e
+            raise TransientError(f"watch {kind}: {error}", delay=RETRY_DELAY) from e
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise kopf.TemporaryError(f"watch {kind}: {e!r}", delay=RETRY_DELAY) from e
+            raise TransientError(f"watch {kind}: {e!r}", delay=RETRY_DELAY) from e

@@ -13,8 +13,7 @@ kubelet evicts under pressure. The defaults:
   replace with the model's real size.
 - memory limit = the request + the weights once more, at 4 bytes a parameter: loading holds a second copy for a
   moment (a checkpoint stored in float32 is read, then converted to the role's dtype or uploaded to the NPU).
-  Measured on this project's engine (cpu backend, float32, peak RSS): builtin:tiny 570 MiB against a 1026 MiB
-  limit; builtin:smollm2-135m 1633 MiB against 2.2 GiB.
+  The engine's measured peaks stay under it (benchmarks/results/measured-in-place.md).
 - CPU request: :data:`CPU_REQUEST` per backend (the cpu backend computes on it; an NPU backend only feeds the
   device). No CPU limit: throttling a serving process only adds latency.
 
@@ -30,7 +29,7 @@ from atom_engine.dtypes import DTYPE_BYTES
 from atom_engine.model.config import ModelConfig
 
 from atom_operator.api import AtomDeploymentSpec, engine_settings
-from atom_operator.children.meta import Role
+from atom_operator.children.meta import WorkloadRole
 
 MiB = 1024**2
 GiB = 1024**3
@@ -70,7 +69,7 @@ def parameters(cfg: ModelConfig) -> int:
     return embedding + cfg.num_layers * layer + cfg.hidden_size + head
 
 
-def memory_bytes(spec: AtomDeploymentSpec, role: Role) -> tuple[int, int]:
+def memory_bytes(spec: AtomDeploymentSpec, role: WorkloadRole) -> tuple[int, int]:
     """(request, limit) in bytes for one ``role`` pod."""
     cfg = MODEL_SHAPES.get(spec.model.source)
     if cfg is None:
@@ -87,7 +86,7 @@ def _mi(n: int) -> str:
     return f"{-(-n // MiB)}Mi"  # rounded up to whole MiB
 
 
-def default_resources(spec: AtomDeploymentSpec, role: Role) -> dict[str, dict[str, str]]:
+def default_resources(spec: AtomDeploymentSpec, role: WorkloadRole) -> dict[str, dict[str, str]]:
     backend = spec.decode.backend if role == "decode" else spec.prefill.backend
     request, limit = memory_bytes(spec, role)
     return {

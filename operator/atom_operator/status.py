@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from atom_operator.artifacts import Report, failure_of
 from atom_operator.children import Owner, endpoint
-from atom_operator.children.meta import APPLIED_HASH, ROLES, Role, selector_string
+from atom_operator.children.meta import APPLIED_HASH, ROLES, WorkloadRole, selector_string
+from atom_operator.compile_jobs import Report, failure_of
 from atom_operator.npu import DEFAULT_PROFILE, NpuProfile
 
 
@@ -64,7 +64,7 @@ def rolled_out(deployment: dict[str, Any] | None, desired: int, applied_hash: st
 
 
 def pending_message(
-    owner: Owner, role: Role, pods: list[PodView], profile: NpuProfile = DEFAULT_PROFILE
+    owner: Owner, role: WorkloadRole, pods: list[PodView], profile: NpuProfile = DEFAULT_PROFILE
 ) -> str | None:
     """E.g. "decode: 2 of 3 pods Pending: insufficient rebellions.ai/npu (each needs 4)"."""
     mine = [p for p in pods if p.role == role]
@@ -83,102 +83,120 @@ def pending_message(
     return f"{role}: {len(stuck)} of {len(mine)} pods Pending: {why}"
 
 
-def _condition(
-    type_: str, ok: bool, reason: str, message: str, generation: int, old: dict[str, dict[str, Any]], now: str
-) -> dict[str, Any]:
-    status = "True" if ok else "False"
-    previous = old.get(type_)
-    # The transition time moves only when the status does, as metav1.Condition requires.
-    since = previous["lastTransitionTime"] if previous and previous.get("status") == status else now
-    return {
-        "type": type_,
-        "status": status,
-        "observedGeneration": generation,
-        "lastTransitionTime": since,
-        "reason": reason,
-        "message": message,
-    }
+@dataclass(frozen=True)
+class Condition:
+    """One condition as computed: ``ok`` is its status True or False."""
+
+    type: str
+    ok: bool
+    reason: str
+    message: str
+
+    def stamped(self, generation: int, old: dict[str, dict[str, Any]], now: str) -> dict[str, Any]:
+        """As status holds it (a metav1.Condition): the transition time moves only when the status does."""
+        status = "True" if self.ok else "False"
+        previous = old.get(self.type)
+        since = previous["lastTransitionTime"] if previous and previous.get("status") == status else now
+        return {
+            "type": self.type,
+            "status": status,
+            "observedGeneration": generation,
+            "lastTransitionTime": since,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """One role as the watches show it: its Deployment, the hash of what we want it to run, and its pods."""
+
+    role: WorkloadRole
+    desired: int  # replicas the spec asks for
+    deployment: dict[str, Any] | None  # the child Deployment as the store has it (None: not made, or withheld)
+    applied_hash: str  # of the Deployment we want; "" while it is withheld (compileCache: no artifact yet)
+    pods: tuple[PodView, ...] = ()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return role_counts(self.deployment)
+
+    def rolled_out(self) -> bool:
+        return rolled_out(self.deployment, self.desired, self.applied_hash)
+
+    def progress(self) -> str:
+        updated, ready = self.counts["updatedReplicas"], self.counts["readyReplicas"]
+        return f"{self.role}: {updated} of {self.desired} pods updated, {ready} ready"
+
+    def failures(self, owner: Owner, profile: NpuProfile) -> list[str]:
+        """Why pods cannot run: Pending for lack of room, or a ReplicaFailure the Deployment reports."""
+        out = [m] if (m := pending_message(owner, self.role, list(self.pods), profile)) else []
+        for c in (self.deployment or {}).get("status", {}).get("conditions") or []:
+            if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+                out.append(f"{self.role}: {c.get('message') or c.get('reason')}")
+        return out
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything status is computed from, gathered by the reconcile."""
+
+    generation: int
+    roles: tuple[RoleState, ...]  # the roles the spec runs (decode, then prefill when it has replicas)
+    artifact: Report | None = None  # the compile Jobs' report (spec.model.compileCache only)
+    routing: Condition | None = None  # the InferencePool condition (spec.routing.inferencePool only)
 
 
 def compute(
-    owner: Owner,
-    generation: int,
-    deployments: dict[Role, dict[str, Any] | None],
-    applied_hashes: dict[Role, str],
-    pods: list[PodView],
-    old: dict[str, Any] | None,
-    now: str,
-    profile: NpuProfile = DEFAULT_PROFILE,
-    artifact: Report | None = None,
-    routing: tuple[bool, str, str] | None = None,
+    owner: Owner, seen: Observation, old: dict[str, Any] | None, now: str, profile: NpuProfile = DEFAULT_PROFILE
 ) -> dict[str, Any]:
-    """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions;
-    ``artifact``: the compile Jobs' report (spec.model.compileCache only); ``routing``: the InferencePool
-    condition (spec.routing.inferencePool only)."""
-    roles: list[Role] = [r for r in ROLES if r == "decode" or owner.spec.prefill.replicas > 0]
-    out: dict[str, Any] = {"observedGeneration": generation}
-    done, progress, degraded = [], [], []
-    for role in ROLES:
+    """The whole status; ``old`` keeps conditions' transition times, ``now`` stamps new transitions."""
+    out: dict[str, Any] = {"observedGeneration": seen.generation}
+    for role in ROLES:  # a role not run reports zeros
+        state = next((s for s in seen.roles if s.role == role), None)
+        counts = state.counts if state else role_counts(None)
         desired = (owner.spec.decode if role == "decode" else owner.spec.prefill).replicas
-        counts = role_counts(deployments.get(role)) if role in roles else role_counts(None)
         out[role] = {**counts, "summary": f"{counts['readyReplicas']}/{desired}"}
-        if role not in roles:
-            continue
-        if rolled_out(deployments.get(role), desired, applied_hashes[role]):
-            done.append(f"{role} {desired}/{desired} ready")
-        else:
-            progress.append(
-                f"{role}: {counts['updatedReplicas']} of {desired} pods updated, {counts['readyReplicas']} ready"
-            )
-        message = pending_message(owner, role, pods, profile)
-        if message:
-            degraded.append(message)
-        for c in (deployments.get(role) or {}).get("status", {}).get("conditions") or []:
-            if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
-                degraded.append(f"{role}: {c.get('message') or c.get('reason')}")
-    if artifact is not None and artifact.summary in ("Failed", "Mismatch"):
-        degraded.append(artifact.message)
     previous = {c["type"]: c for c in (old or {}).get("conditions") or [] if "type" in c}
-    # No decode pod: nothing answers a client, however complete the rollout (0/0) is.
-    scaled_to_zero = owner.spec.decode.replicas == 0
-    ready = not progress and not scaled_to_zero
-    if ready:
-        reason, message = "AllReplicasReady", ", ".join(done)
-    elif scaled_to_zero:
-        reason, message = "ScaledToZero", "decode.replicas is 0: no pod serves the endpoint"
-    else:
-        reason, message = "ReplicasNotReady", "; ".join(progress)
-    out["conditions"] = [
-        _condition("Ready", ready, reason, message, generation, previous, now),
-        _condition(
-            "Progressing",
-            bool(progress),
-            "RollingOut" if progress else "RolloutComplete",
-            "; ".join(progress) or "every role runs the current spec",
-            generation,
-            previous,
-            now,
-        ),
-        _condition(
-            "Degraded",
-            bool(degraded),
-            ("InsufficientNPUs" if any("insufficient" in d for d in degraded) else "PodsCannotRun")
-            if degraded
-            else "AsExpected",
-            "; ".join(degraded) or "no pod is stuck",
-            generation,
-            previous,
-            now,
-        ),
-    ]
-    if artifact is not None:
-        out["conditions"].append(
-            _condition("ArtifactReady", artifact.ready, artifact.reason, artifact.message, generation, previous, now)
-        )
-        out["artifact"] = artifact.summary
-    if routing is not None:
-        out["conditions"].append(_condition("InferencePool", *routing, generation, previous, now))
+    conditions = [*rollout_conditions(owner, seen, profile), *filter(None, [artifact_condition(seen.artifact),
+                                                                             seen.routing])]
+    out["conditions"] = [c.stamped(seen.generation, previous, now) for c in conditions]
+    if seen.artifact is not None:
+        out["artifact"] = seen.artifact.summary
     # Advertised only while something serves it (None: the merge patch removes it).
-    out["endpoint"] = None if scaled_to_zero else endpoint(owner)
+    out["endpoint"] = None if owner.spec.decode.replicas == 0 else endpoint(owner)
     out["selector"] = selector_string(owner, "decode")
     return out
+
+
+def rollout_conditions(owner: Owner, seen: Observation, profile: NpuProfile) -> list[Condition]:
+    """Ready, Progressing and Degraded."""
+    done = [f"{s.role} {s.desired}/{s.desired} ready" for s in seen.roles if s.rolled_out()]
+    progress = [s.progress() for s in seen.roles if not s.rolled_out()]
+    degraded = [m for s in seen.roles for m in s.failures(owner, profile)]
+    if seen.artifact is not None and seen.artifact.summary in ("Failed", "Mismatch"):
+        degraded.append(seen.artifact.message)
+    # No decode pod: nothing answers a client, however complete the rollout (0/0) is.
+    scaled_to_zero = owner.spec.decode.replicas == 0
+    if not progress and not scaled_to_zero:
+        ready = Condition("Ready", True, "AllReplicasReady", ", ".join(done))
+    elif scaled_to_zero:
+        ready = Condition("Ready", False, "ScaledToZero", "decode.replicas is 0: no pod serves the endpoint")
+    else:
+        ready = Condition("Ready", False, "ReplicasNotReady", "; ".join(progress))
+    if progress:
+        progressing = Condition("Progressing", True, "RollingOut", "; ".join(progress))
+    else:
+        progressing = Condition("Progressing", False, "RolloutComplete", "every role runs the current spec")
+    if not degraded:
+        trouble = Condition("Degraded", False, "AsExpected", "no pod is stuck")
+    else:
+        short = any("insufficient" in d for d in degraded)
+        trouble = Condition("Degraded", True, "InsufficientNPUs" if short else "PodsCannotRun", "; ".join(degraded))
+    return [ready, progressing, trouble]
+
+
+def artifact_condition(artifact: Report | None) -> Condition | None:
+    if artifact is None:
+        return None
+    return Condition("ArtifactReady", artifact.ready, artifact.reason, artifact.message)

@@ -7,8 +7,8 @@ import json
 import pytest
 from atom_engine.limits import role_backend_error
 from atom_operator.api import AtomDeploymentSpec, engine_settings
+from atom_operator.config import Settings
 from atom_operator.npu import NpuProfile, npu_demand
-from atom_operator.settings import Settings
 from pydantic import ValidationError
 
 

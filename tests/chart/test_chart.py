@@ -16,18 +16,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import atom_operator.main  # noqa: F401 - registers kopf's handlers, which tell what the operator watches
-import kopf
 import pytest
 import yaml
 from atom_localcluster import tools
-from atom_operator import kube, routing, runtime, webhook
+from atom_operator import kube, routing, runtime
 from atom_operator.api.crd import CRD_NAME, render
 from atom_operator.children import Defaults
-from atom_operator.kube import ApiError, Kube
+from atom_operator.config import Settings
+from atom_operator.controller import Controller
+from atom_operator.informer import Listing
+from atom_operator.kube import Kube, KubeError, TransientError
 from atom_operator.npu import RESOURCE_PATTERNS, NpuProfile
-from atom_operator.reconcile import Observed, reconcile
-from atom_operator.settings import Settings
+from atom_operator.reconcile import reconcile
 from cryptography import x509
 from kubernetes_asyncio.client import Configuration
 
@@ -268,9 +268,9 @@ def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
         container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e["value"] for e in container["env"]}
 
-    assert webhook.server(Settings.from_env(env_of({})).webhook) is not None
+    assert Settings.from_env(env_of({})).webhook.enabled  # runtime.start serves the webhook then
     off = Settings.from_env(env_of({"webhook": {"enabled": False}})).webhook
-    assert not off.enabled and webhook.server(off) is None
+    assert not off.enabled
 
 
 # ---- refused values ----------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
     ("value", "message"),
     [
         ("replicas=two", "at '/replicas': got string, want integer"),
-        ("replicas=2", "at '/replicas': maximum"),
+        ("replicas=6", "at '/replicas': maximum"),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy': value must be one of"),
         ("engine.image.pullPolicy=always", "at '/engine/image/pullPolicy': value must be one of"),
         ("webhook.failurePolicy=Maybe", "at '/webhook/failurePolicy'"),
@@ -310,10 +310,10 @@ def test_install_creates_an_established_crd_equal_to_crds(cluster, release: Rele
 
 def test_operator_deployment_becomes_ready_under_restricted_pod_security(cluster, release: Release) -> None:
     dep = cluster.get("deployment", release.fullname, "-n", release.namespace)
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
-    assert dep["status"].get("readyReplicas") == 1
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert dep["status"].get("readyReplicas") == 2
     pods = cluster.get("pods", "-n", release.namespace, "-l", "app.kubernetes.io/instance=atom")["items"]
-    assert [p["status"]["phase"] for p in pods] == ["Running"]
+    assert [p["status"]["phase"] for p in pods] == ["Running", "Running"]
     ready = {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}
     assert ready["Ready"] == "True"
     container = pods[0]["spec"]["containers"][0]
@@ -396,29 +396,43 @@ def test_service_account_cannot_touch_secrets(cluster, release: Release, verb: s
     assert not can_i(cluster, release, verb, "secrets", *scope)
 
 
+def test_service_account_holds_the_lease_in_its_own_namespace_only(cluster, release: Release) -> None:
+    for verb in ("get", "create", "update"):
+        assert can_i(cluster, release, verb, "leases.coordination.k8s.io", "-n", release.namespace), verb
+    assert not can_i(cluster, release, "update", "leases.coordination.k8s.io", "-n", "default")
+    assert not can_i(cluster, release, "delete", "leases.coordination.k8s.io", "-n", release.namespace)
+
+
+def test_replicas_elect_a_leader_and_keep_one_through_a_drain(tmp_path: Path) -> None:
+    docs = render_chart(tmp_path, "ops", VALUES)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    lease = Settings.from_env(env).lease
+    assert lease is not None and (lease.namespace, lease.name) == ("ops", "t-atom-operator")
+    budget = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    alone = render_chart(tmp_path, "ops", merged(VALUES, {"replicas": 1}))
+    assert not [d for d in alone if d["kind"] == "PodDisruptionBudget"]
+
+
 def test_service_account_cannot_read_its_own_webhook_secret(cluster, release: Release) -> None:
     secret = f"secrets/{release.fullname}-webhook-tls"
     assert not can_i(cluster, release, "get", secret, "-n", release.namespace)
 
 
 def needed_permissions() -> set[tuple[str, str]]:
-    """(verb, resource) the operator's code needs, read from the code: kopf's handlers and the reconciler's client."""
-    registry = kopf.get_default_registry()
+    """(verb, resource) the operator's code needs, read from the code: its informers and the reconciler's client
+    (the Lease, in the release's namespace only, is checked on its own)."""
     needs: set[tuple[str, str]] = set()
-    handlers = [*registry._watching.get_all_handlers(), *registry._indexing.get_all_handlers()]
-    for handler in handlers:
-        group = handler.selector.group or ""
-        resource = f"{handler.selector.plural or handler.selector.any_name}"
-        qualified = f"{resource}.{group}" if group else resource
-        needs |= {("list", qualified), ("watch", qualified)}
-    # The reconciler's informers (list, then watch).
-    for kind, _, _ in runtime.WATCHED:
+    # The informers (list, then watch): the controller's and the webhook's.
+    for kind in [k for k, _, _ in runtime.WATCHED] + [k for k, _ in runtime.WEBHOOK_WATCHED]:
         group, _, plural = kube.KINDS[kind]
         needs |= {(verb, f"{plural}.{group}" if group else plural) for verb in ("list", "watch")}
-    # kopf rescans an API group when a CRD changes.
-    needs |= {(verb, "customresourcedefinitions.apiextensions.k8s.io") for verb in ("list", "watch")}
     for kind, (group, _, plural) in kube.KINDS.items():
         qualified = f"{plural}.{group}" if group else plural
+        if kind in ("Node", "PersistentVolumeClaim", "Lease"):
+            continue  # read through the informers only; the Lease lives in the release's namespace
         if kind in routing.OPTIONAL_KINDS:
             continue  # their CRDs are not in this cluster, so can-i cannot resolve them: checked on the rendered role
         if kind == "AtomDeployment":
@@ -472,13 +486,20 @@ def test_service_account_cannot_do_more(cluster, release: Release, verb: str, re
 
 
 async def reconcile_until_done(client: Kube, body: dict, defaults: Defaults) -> None:
-    """One reconcile; a conflict with the session's operator (tests/operator), reconciling the same object, is
-    retried a bounded number of times, as the operator itself would."""
+    """One reconcile, from stores filled by listing the namespace as the informers do; a conflict with the
+    session's operator (tests/operator), reconciling the same object, is retried a bounded number of times, as the
+    operator itself would."""
+    controller = Controller(client, defaults, workers=0)
+    namespace = body["metadata"]["namespace"]
     for _ in range(5):
+        for kind, owner_of, selector in runtime.WATCHED:
+            items, version = await client.list(kind, namespace, selector)
+            mine = [(item, key) for item in items if (key := owner_of(item)) is not None]
+            controller.relisted(Listing(kind, namespace, mine, version))
         try:
-            await reconcile(client, body, Observed(), defaults)
+            await reconcile(controller.context, body)
             return
-        except kopf.TemporaryError:
+        except TransientError:
             continue
     raise AssertionError("reconcile kept conflicting")
 
@@ -514,7 +535,7 @@ async def test_operator_reconciles_as_the_service_account(cluster, release: Rele
         gone = cluster.kubectl("get", "deployment", "x-prefill", "-n", namespace, check=False)
         assert "NotFound" in gone.stderr
 
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(KubeError) as refused:
             await client.request("GET", f"/api/v1/namespaces/{release.namespace}/secrets")
         assert refused.value.status == 403
     finally:

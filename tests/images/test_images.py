@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from atom_localcluster import docker
-from atom_localcluster.docker import BuildResult
+from atom_localcluster.images import builds, daemon, locks
+from atom_localcluster.images.builds import BuildResult
 
 # Cold builds download ~3 GB of wheels and debootstrap a base image: longer than the suite's per-test limit.
 docker_test = [pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -41,16 +41,16 @@ print(json.dumps({"torch": torch.__version__.split("+")[0], "tokens": out.token_
 def run(image: str, *args: str, entrypoint: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """``docker run --rm`` with no network: the images must work offline."""
     ep = ["--entrypoint", entrypoint] if entrypoint else []
-    return docker.docker("run", "--rm", "--network", "none", *ep, image, *args, check=check, timeout=600)
+    return daemon.docker("run", "--rm", "--network", "none", *ep, image, *args, check=check, timeout=600)
 
 
 def installed(image: str) -> dict[str, str]:
     out = run(image, "-m", "pip", "list", "--format", "json", entrypoint="python").stdout
-    return {docker.normalize(p["name"]): p["version"] for p in json.loads(out)}
+    return {locks.normalize(p["name"]): p["version"] for p in json.loads(out)}
 
 
 def image_config(image: str) -> dict:
-    return json.loads(docker.docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
+    return json.loads(daemon.docker("image", "inspect", "--format", "{{json .Config}}", image).stdout)
 
 
 # --- operator ---------------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ class TestOperatorImage:
 
     def test_prints_its_version(self, operator_image: BuildResult) -> None:
         out = run(operator_image.tag, "--version").stdout
-        assert out.strip() == f"atom-operator {docker.version('operator')}"
+        assert out.strip() == f"atom-operator {builds.version('operator')}"
 
     def test_has_no_torch(self, operator_image: BuildResult) -> None:
         packages = installed(operator_image.tag)
@@ -76,7 +76,7 @@ class TestOperatorImage:
 
     def test_installs_exactly_its_lock(self, operator_image: BuildResult) -> None:
         packages = {n: v for n, v in installed(operator_image.tag).items() if n not in OWN}
-        assert packages == docker.read_pins(docker.lock_path("operator"))
+        assert packages == locks.read_pins(locks.lock_path("operator"))
 
     def test_dependencies_are_complete(self, operator_image: BuildResult) -> None:
         # The lock is installed with --no-deps, so pip check is what proves it is the whole closure.
@@ -92,7 +92,7 @@ class TestEngineImage:
 
     def test_generates_on_torch_as_the_host_does(self, engine_image: BuildResult) -> None:
         in_image = json.loads(run(engine_image.tag, "-c", GENERATE, entrypoint="python").stdout)
-        assert in_image["torch"] == docker.read_pins(docker.lock_path("engine"))["torch"]
+        assert in_image["torch"] == locks.read_pins(locks.lock_path("engine"))["torch"]
         # The same program on the host (the test venv's torch): greedy outputs are token-exact.
         host = subprocess.run([sys.executable, "-c", GENERATE],
                               capture_output=True, text=True, check=True)
@@ -128,7 +128,7 @@ class TestEngineRngdImage:
         code = ("import json, shutil, torch, furiosa.torch; print(json.dumps([torch.__version__.split('+')[0],"
                 " shutil.which('aarch64-linux-gnu-gcc')]))")
         torch_version, gcc = json.loads(run(engine_rngd_image.tag, "-c", code, entrypoint="python").stdout)
-        assert torch_version == docker.read_pins(docker.lock_path("rngd"))["torch"] == "2.10.0"
+        assert torch_version == locks.read_pins(locks.lock_path("rngd"))["torch"] == "2.10.0"
         assert gcc == "/usr/bin/aarch64-linux-gnu-gcc"
 
     def test_runs_the_compiled_prefill_artifact_as_the_rngd_venv_does(self, engine_rngd_image: BuildResult,
@@ -140,7 +140,7 @@ class TestEngineRngdImage:
         # The host's rngd venv: loads the artifact when tests/rngd built it, else compiles it (and caches it).
         host = json.loads(subprocess.run([str(rngd_python), "-c", PREFILL.replace("/artifacts", str(RNGD_ARTIFACTS))],
                                          capture_output=True, text=True, check=True, env=env).stdout)
-        proc = docker.docker("run", "--rm", "--network", "none", "--entrypoint", "python",
+        proc = daemon.docker("run", "--rm", "--network", "none", "--entrypoint", "python",
                              "-e", "ATOM_RNGD_RUNTIME=furiosa_fake",
                              "-v", f"{RNGD_ARTIFACTS}:/artifacts:ro", "-v", f"{REPO / 'tests' / 'fakes'}:/fakes:ro",
                              engine_rngd_image.tag, "-c", PREFILL, timeout=600)
@@ -158,23 +158,23 @@ class TestEngineRngdImage:
 def test_an_engine_image_installs_exactly_its_lock(target: str, request: pytest.FixtureRequest) -> None:
     image: BuildResult = request.getfixturevalue(f"{target.replace('-', '_')}_image")
     packages = {n: v for n, v in installed(image.tag).items() if n not in OWN}
-    assert packages == docker.read_pins(docker.lock_path(target))
+    assert packages == locks.read_pins(locks.lock_path(target))
     # The lock is installed with --no-deps: pip check proves it is the whole closure but what it leaves out.
     proc = run(image.tag, "-m", "pip", "check", entrypoint="python", check=False)
     problems = proc.stdout.splitlines()
     missing = {m.group(1) for line in problems if (m := re.search(r"requires (\S+), which is not installed", line))}
-    assert missing == set(docker.LOCK_EXCLUDES[target]) and len(problems) == len(missing), proc.stdout
+    assert missing == set(locks.LOCK_EXCLUDES[target]) and len(problems) == len(missing), proc.stdout
 
 
 # --- all --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", docker.TARGETS)
+@pytest.mark.parametrize("target", builds.TARGETS)
 @pytest.mark.docker
 @pytest.mark.timeout(3600)
 def test_runs_as_non_root_with_its_cli(target: str, request: pytest.FixtureRequest) -> None:
     image: BuildResult = request.getfixturevalue(f"{target.replace('-', '_')}_image")
-    cli = f"atom-{docker.PACKAGE[target]}"
+    cli = f"atom-{builds.PACKAGE[target]}"
     config = image_config(image.tag)
     assert config["Entrypoint"] == [cli]
     assert config["User"] == "10001:10001"
@@ -186,16 +186,16 @@ def test_runs_as_non_root_with_its_cli(target: str, request: pytest.FixtureReque
 # --- locks (no Docker) ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", docker.TARGETS)
+@pytest.mark.parametrize("target", builds.TARGETS)
 def test_lock_pins_are_the_pins_its_tests_run_with(target: str) -> None:
-    tested = docker.read_pins(docker.lock_path(docker.LOCK_CONSTRAINTS[target]))
-    pins = docker.read_pins(docker.lock_path(target))
+    tested = locks.read_pins(locks.lock_path(locks.LOCK_CONSTRAINTS[target]))
+    pins = locks.read_pins(locks.lock_path(target))
     assert {n: v for n, v in pins.items() if tested.get(n) != v} == {}, "run: python -m atom_localcluster.docker lock"
 
 
 def test_only_the_engine_locks_carry_torch() -> None:
-    dev_torch = docker.read_pins(docker.REQUIREMENTS / "dev.lock")["torch"]
-    assert docker.read_pins(docker.lock_path("engine"))["torch"] == dev_torch
-    assert docker.read_pins(docker.lock_path("engine-rngd"))["torch"] == "2.10.0"  # what furiosa-torch pins
-    assert [p for p in docker.read_pins(docker.lock_path("operator")) if p.startswith(TORCH_STACK)] == []
+    dev_torch = locks.read_pins(locks.REQUIREMENTS / "dev.lock")["torch"]
+    assert locks.read_pins(locks.lock_path("engine"))["torch"] == dev_torch
+    assert locks.read_pins(locks.lock_path("engine-rngd"))["torch"] == "2.10.0"  # what furiosa-torch pins
+    assert [p for p in locks.read_pins(locks.lock_path("operator")) if p.startswith(TORCH_STACK)] == []
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from atom_localcluster import docker
+from atom_localcluster.images import base, builds, daemon, locks
 
 from tests.images.test_images import OWN, docker_test, installed, run
 
@@ -33,17 +33,17 @@ def _dist(site: Path, name: str, module: str, version: str) -> None:
 @pytest.fixture(scope="module")
 def sdk_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Both images are kept (stable tags), so a warm run rebuilds nothing."""
-    docker.ensure_daemon()
-    base = docker.choose_base(os.environ.get("BASE_IMAGE"))
+    daemon.ensure_daemon()
+    base_image = base.choose_base(os.environ.get("BASE_IMAGE"))
     ctx = tmp_path_factory.mktemp("sdk-standin")
     _dist(ctx / "site", "torch", "torch", SDK_TORCH)
     _dist(ctx / "site", "rebel-compiler", "rebel", SDK_VERSION)
     (ctx / "Dockerfile").write_text(
-        f"FROM {base}\nCOPY site/ /tmp/site/\n"
+        f"FROM {base_image}\nCOPY site/ /tmp/site/\n"
         "RUN python3 -c \"import shutil, site; shutil.copytree('/tmp/site', site.getsitepackages()[0],"
         " dirs_exist_ok=True)\" && rm -rf /tmp/site\n")
-    docker.docker("build", "--tag", STANDIN_TAG, str(ctx), timeout=600)
-    return docker.build("engine", tag=IMAGE_TAG, build_args=[f"ENGINE_BASE_IMAGE={STANDIN_TAG}"]).tag
+    daemon.docker("build", "--tag", STANDIN_TAG, str(ctx), timeout=600)
+    return builds.build("engine", tag=IMAGE_TAG, build_args=[f"ENGINE_BASE_IMAGE={STANDIN_TAG}"]).tag
 
 
 def test_the_image_imports_the_bases_torch_and_sdk(sdk_image: str) -> None:
@@ -56,8 +56,8 @@ def test_the_image_installs_only_what_the_base_lacks(sdk_image: str) -> None:
     have = installed(sdk_image)
     assert have["torch"] == SDK_TORCH
     assert not [n for n in have if n.startswith(("nvidia-", "cuda-", "triton"))]
-    lock = {docker.normalize(n): v for n, _, v in (line.partition("==") for line in
-            docker.lock_path("engine").read_text().splitlines() if line and not line.startswith("#"))}
+    lock = {locks.normalize(n): v for n, _, v in (line.partition("==") for line in
+            locks.lock_path("engine").read_text().splitlines() if line and not line.startswith("#"))}
     rest = {n: v for n, v in lock.items() if n != "torch" and not n.startswith(("nvidia-", "cuda-"))}
     assert {n: have.get(n) for n in rest} == rest  # everything else at its locked version
     assert set(have) - set(lock) - OWN <= {"rebel-compiler"}

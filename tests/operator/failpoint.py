@@ -1,4 +1,4 @@
-"""Test hook, loaded into the operator's process as one more kopf module (:mod:`tests.operator.process` adds it):
+"""Test hook, imported into the operator's process before it starts (:mod:`tests.operator.process` adds it):
 exit right after the n-th successful write into one namespace.
 
 ``ATOM_FAILPOINT=exit-after-write:<n>:<namespace>`` lets the tests kill the operator at exact points of a create

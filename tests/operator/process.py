@@ -1,5 +1,5 @@
-"""The session's operator process: the local cluster's, also serving the API tests' probe CRD and, when a test
-asks for one, the crash failpoint (tests/operator/failpoint.py)."""
+"""The session's operator process: the local cluster's, with the crash failpoint (tests/operator/failpoint.py) when
+a test asks for one."""
 
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from tests.operator import failpoint
 
 
 class OperatorProcess(operator.OperatorProcess):
-    # The probe serves the API tests' schemaless CRD copy (tests/api/probe.py).
-    modules = (*operator.OperatorProcess.modules, "tests.api.probe")
-
     def start(self, wait: bool = True, **env: str) -> None:
         """``ATOM_FAILPOINT=...`` in ``env`` also loads the test hook that acts on it."""
-        asked = (failpoint.__name__,) if env.get(failpoint.ENV) else ()
-        self.modules = (*type(self).modules, *asked)
+        self.hooks = (failpoint.__name__,) if env.get(failpoint.ENV) else ()
         super().start(wait, **env)

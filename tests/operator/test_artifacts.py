@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from atom_operator.artifacts import JobView, failure_of, report
 from atom_operator.children import build_children
 from atom_operator.children.meta import ARTIFACT_KEY
+from atom_operator.compile_jobs import JobView, failure_of, report
 
 from tests.operator.test_children import CACHE, DEFAULTS, owner
 

@@ -81,6 +81,10 @@ def kinds(o: Owner, served: set[str]) -> list[tuple[str, str]]:
     return [(c["kind"], c["metadata"]["name"]) for c in build_children(o, Defaults(), served=served).desired]
 
 
+def verdict(c) -> tuple[bool, str]:  # noqa: ANN001
+    return c.ok, c.reason
+
+
 def test_routing_is_off_by_default_and_then_neither_builds_nor_reports_anything() -> None:
     from atom_operator import routing
 
@@ -92,13 +96,13 @@ def test_the_pool_and_its_picker_are_built_only_where_the_crd_is_served_and_the_
     from atom_operator import routing
 
     assert ("InferencePool", "llm") not in kinds(routed(), set())
-    ok, reason, message = routing.condition(routed(), set())
-    assert (ok, reason) == (False, "CRDNotInstalled")
-    assert "inferencepools.inference.networking.k8s.io" in message and "Service llm" in message
+    missing = routing.condition(routed(), set())
+    assert (missing.ok, missing.reason) == (False, "CRDNotInstalled")
+    assert "inferencepools.inference.networking.k8s.io" in missing.message and "Service llm" in missing.message
     built = kinds(routed(), {"InferencePool"})
     assert {("InferencePool", "llm"), ("Deployment", "llm-epp"), ("Service", "llm-epp"), ("Service", "llm"),
             ("Role", "llm-epp"), ("RoleBinding", "llm-epp"), ("ServiceAccount", "llm-epp")} <= set(built)
-    assert routing.condition(routed(), {"InferencePool"})[:2] == (True, "PoolCreated")
+    assert verdict(routing.condition(routed(), {"InferencePool"})) == (True, "PoolCreated")
 
 
 def test_an_httproute_only_for_a_named_gateway_whose_crd_is_served() -> None:
@@ -107,9 +111,9 @@ def test_an_httproute_only_for_a_named_gateway_whose_crd_is_served() -> None:
     gw = routed(gateway={"name": "inference-gateway"})
     assert ("HTTPRoute", "llm") not in kinds(routed(), {"InferencePool", "HTTPRoute"})
     assert ("HTTPRoute", "llm") not in kinds(gw, {"InferencePool"})
-    assert routing.condition(gw, {"InferencePool"})[:2] == (False, "CRDNotInstalled")
+    assert verdict(routing.condition(gw, {"InferencePool"})) == (False, "CRDNotInstalled")
     assert ("HTTPRoute", "llm") in kinds(gw, {"InferencePool", "HTTPRoute"})
-    assert routing.condition(gw, {"InferencePool", "HTTPRoute"})[:2] == (True, "PoolCreated")
+    assert verdict(routing.condition(gw, {"InferencePool", "HTTPRoute"})) == (True, "PoolCreated")
 
 
 def removed(o: Owner, served: set[str], routed_before: bool) -> set[tuple[str, str]]:
@@ -152,11 +156,12 @@ def test_a_condition_waiting_for_a_crd_asks_for_a_recheck_and_others_do_not() ->
 def test_the_default_picker_image_is_the_release_hack_tools_pins() -> None:
     """One release for the picker the tests run, the image `make docker-build` builds and what the operator and the
     chart deploy by default (hack/tools/epp/go.mod)."""
-    from atom_localcluster import docker, tools
+    from atom_localcluster import tools
+    from atom_localcluster.images import builds
     from atom_operator.children import Defaults
 
     release = tools.toolset_of("epp").version
     values = yaml.safe_load((tools.REPO / "charts" / "atom-operator" / "values.yaml").read_text())
     assert Defaults().epp_image == f"{values['engine']['eppImage']['repository']}:{release}"
     assert values["engine"]["eppImage"]["tag"] == release
-    assert docker.default_tag("epp") == f"atom-epp:{release}"
+    assert builds.default_tag("epp") == f"atom-epp:{release}"

@@ -32,22 +32,22 @@ async def test_a_child_missing_from_a_listing_was_deleted_unseen_and_its_owner_i
     c.relisted(listing("Service", 10, child("Service", "llm", 5)))
     c._pending.clear()
     c.relisted(listing("Service", 20))  # deleted while no watch was connected: no DELETED event ever came
-    assert c.children.get("Service", "ns", "llm") is None
+    assert c.stores["Service"].get("ns", "llm") is None
     assert OWNER in c._pending
 
 
 async def test_a_child_written_after_the_listing_was_taken_is_not_a_tombstone() -> None:
     c = controller()
-    c.children.store("Service", child("Service", "llm", 30))  # the answer to our own create
+    c.stores["Service"].put(child("Service", "llm", 30), OWNER)  # the answer to our own create
     c.relisted(listing("Service", 20))
-    assert c.children.get("Service", "ns", "llm") is not None
+    assert c.stores["Service"].get("ns", "llm") is not None
 
 
 async def test_a_listing_of_one_namespace_leaves_the_others_alone() -> None:
     c = controller()
-    c.children.store("ConfigMap", child("ConfigMap", "llm-decode-config", 5, namespace="other"))
+    c.stores["ConfigMap"].put(child("ConfigMap", "llm-decode-config", 5, namespace="other"), ("other", "llm"))
     c.relisted(listing("ConfigMap", 20, namespace="ns"))
-    assert c.children.get("ConfigMap", "other", "llm-decode-config") is not None
+    assert c.stores["ConfigMap"].get("other", "llm-decode-config") is not None
 
 
 async def test_a_vanished_deployment_leaves_status_without_it_and_pods_missing_from_a_listing_go() -> None:
@@ -56,19 +56,20 @@ async def test_a_vanished_deployment_leaves_status_without_it_and_pods_missing_f
     c.relisted(listing("Deployment", 10, deployment))
     pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "6", "labels": {}}}
     c.relisted(listing("Pod", 10, pod))
-    assert "llm-decode" in c.observed[OWNER].deployments and "p" in c.observed[OWNER].pods
+    assert "llm-decode" in c.stores["Deployment"].owned_by(OWNER) and "p" in c.stores["Pod"].owned_by(OWNER)
     c.relisted(listing("Deployment", 20))
     c.relisted(listing("Pod", 20))
-    assert OWNER not in c.observed  # nothing of it left, and no owner: forgotten
+    # nothing of it left, and no owner: forgotten
+    assert not c.stores["Deployment"].owned_by(OWNER) and not c.stores["Pod"].owned_by(OWNER)
 
 
 async def test_an_atomdeployment_deleted_unseen_is_forgotten() -> None:
     c = controller()
     body = {"kind": KIND, "metadata": {"name": "llm", "namespace": "ns", "uid": "u", "resourceVersion": "3"}}
     c.relisted(Listing(KIND, None, [(body, OWNER)], "5"))
-    assert OWNER in c.owners
+    assert c.stores[KIND].get(*OWNER) is not None
     c.relisted(Listing(KIND, None, [], "9"))
-    assert OWNER not in c.owners
+    assert c.stores[KIND].get(*OWNER) is None
 
 
 def test_children_are_matched_by_their_controller_reference_not_a_label() -> None:

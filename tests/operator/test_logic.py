@@ -9,7 +9,7 @@ from atom_operator.apply import contains, needs_write
 from atom_operator.children import Defaults, Owner, build_children
 from atom_operator.children.meta import APPLIED_HASH, DEPLOYMENT_LABEL
 from atom_operator.ownership import repairs
-from atom_operator.status import PodView, compute, pending_message
+from atom_operator.status import Observation, PodView, RoleState, compute, pending_message
 
 
 def owner(**spec) -> Owner:
@@ -129,13 +129,18 @@ def test_pending_pods_short_of_npus_are_reported_in_plain_words() -> None:
     assert pending_message(o, "prefill", pods) is None
 
 
+def decode_only(generation: int, deployment: dict, applied_hash: str, replicas: int = 1) -> Observation:
+    """A decode role (no prefill) whose Deployment is ``deployment``, applied from ``applied_hash``; no pods."""
+    return Observation(generation, (RoleState("decode", replicas, deployment, applied_hash),))
+
+
 def test_status_is_ready_only_when_every_role_rolled_out_and_keeps_transition_times() -> None:
     o = owner()
     desired = deployment()
     h = desired["metadata"]["annotations"][APPLIED_HASH]
     dep = as_stored(desired)
     dep["status"] = {"observedGeneration": 1, "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}
-    first = compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], None, "T1")
+    first = compute(o, decode_only(3, dep, h), None, "T1")
     cond = {c["type"]: c for c in first["conditions"]}
     assert (cond["Ready"]["status"], cond["Progressing"]["status"], cond["Degraded"]["status"]) == (
         "False",
@@ -146,7 +151,7 @@ def test_status_is_ready_only_when_every_role_rolled_out_and_keeps_transition_ti
     assert first["endpoint"] == "http://llm.ns.svc:8000/v1"
     assert first["observedGeneration"] == 3
     dep["status"]["readyReplicas"] = 1
-    second = compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], first, "T2")
+    second = compute(o, decode_only(3, dep, h), first, "T2")
     cond = {c["type"]: c for c in second["conditions"]}
     assert cond["Ready"]["status"] == "True" and cond["Ready"]["lastTransitionTime"] == "T2"
     assert cond["Degraded"]["lastTransitionTime"] == "T1"  # unchanged status keeps its time
@@ -154,7 +159,7 @@ def test_status_is_ready_only_when_every_role_rolled_out_and_keeps_transition_ti
         second["selector"]
         == "app.kubernetes.io/component=decode,app.kubernetes.io/instance=llm,app.kubernetes.io/name=atom-engine"
     )
-    assert compute(o, 3, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], second, "T3") == second
+    assert compute(o, decode_only(3, dep, h), second, "T3") == second
 
 
 def test_zero_decode_replicas_is_not_ready_scaled_to_zero_and_advertises_no_endpoint() -> None:
@@ -163,7 +168,7 @@ def test_zero_decode_replicas_is_not_ready_scaled_to_zero_and_advertises_no_endp
     dep = as_stored(desired)
     dep["status"] = {"observedGeneration": 1}  # 0/0: rolled out, nothing to wait for
     h = desired["metadata"]["annotations"][APPLIED_HASH]
-    out = compute(o, 1, {"decode": dep, "prefill": None}, {"decode": h, "prefill": ""}, [], None, "T1")
+    out = compute(o, decode_only(1, dep, h, replicas=0), None, "T1")
     cond = {c["type"]: c for c in out["conditions"]}
     assert (cond["Ready"]["status"], cond["Ready"]["reason"]) == ("False", "ScaledToZero")
     assert cond["Progressing"]["status"] == "False"

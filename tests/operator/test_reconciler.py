@@ -67,6 +67,16 @@ def assert_subset(actual, wanted, path="") -> None:
         assert actual == wanted, f"{path}: {actual!r} != {wanted!r}"
 
 
+def assert_children_exactly(cluster, namespace: str, spec: dict) -> None:
+    """The children the spec asks for, each controlled by the AtomDeployment alone: no duplicate, no orphan."""
+    found = children(cluster, namespace)
+    want = expected(cluster, namespace, spec)
+    assert sorted(found) == sorted((c["kind"], c["metadata"]["name"]) for c in want)
+    uid = get(cluster, namespace)["metadata"]["uid"]
+    for child in found.values():
+        assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid]
+
+
 def create(cluster, namespace: str, name: str = "llm", **spec) -> dict:
     manifest = atomdeployment(name, namespace, **spec)
     cluster.apply(manifest)
@@ -225,12 +235,7 @@ def test_operator_killed_in_the_middle_of_a_create_converges(
     assert len(op.writes(namespace)) >= crash_after_write
     op.start()
     wait_for(lambda: ready(cluster, namespace), "Ready after the restart")
-    found = children(cluster, namespace)
-    want = expected(cluster, namespace, spec)
-    assert sorted(found) == sorted((c["kind"], c["metadata"]["name"]) for c in want)  # no duplicate, no orphan
-    uid = get(cluster, namespace)["metadata"]["uid"]
-    for child in found.values():
-        assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid]
+    assert_children_exactly(cluster, namespace, spec)
     for component in ("decode", "prefill"):
         assert len(pods(cluster, namespace, component)) == spec[component]["replicas"]
     assert len(cluster.get("replicasets", "-n", namespace)["items"]) == 2

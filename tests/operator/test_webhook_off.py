@@ -1,4 +1,4 @@
-"""With ATOM_WEBHOOK=off the operator runs without an admission server (kopf refuses validate handlers then)."""
+"""With ATOM_WEBHOOK=off the operator runs without an admission server."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_operator_starts_and_reconciles_with_the_webhook_off(cluster, operator_p
     }
     log = tmp_path / "operator.log"
     # Watching only this test's namespace, so it never competes with the session's operator.
-    argv = [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", namespace, "-m", "atom_operator.main"]
+    argv = [sys.executable, "-m", "atom_operator.cli"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

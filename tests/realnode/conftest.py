@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from atom_localcluster import docker
+from atom_localcluster.images import base, daemon
 from atom_localcluster.realnode import RealNodeCluster
 
 
@@ -38,7 +38,7 @@ def cluster(real_node: RealNodeCluster) -> RealNodeCluster:
 @pytest.fixture(scope="session")
 def base_image(real_node: RealNodeCluster) -> str:
     """The local debootstrap image (python3, a shell), imported into the node's containerd."""
-    docker.ensure_daemon()
-    tag = docker.base_image()
+    daemon.ensure_daemon()
+    tag = base.base_image()
     real_node.import_image(tag)
     return tag

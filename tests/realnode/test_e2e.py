@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from atom_localcluster import docker
-from atom_localcluster.docker import BuildResult
+from atom_localcluster.images import base, daemon
+from atom_localcluster.images.builds import BuildResult
 from atom_localcluster.kind import KindCluster, cleanup_on_signals
 from atom_localcluster.realnode import NODE_NAME, RealNodeCluster
 
@@ -271,12 +271,12 @@ def test_kind_install_serve_roll_and_delete(kind_cluster: KindCluster, request: 
     with a client looping inside the cluster and no failed request, delete and nothing left on the node."""
     operator: BuildResult = request.getfixturevalue("operator_image")  # tests/images' session fixtures
     engine: BuildResult = request.getfixturevalue("engine_image")
-    client_image = docker.base_image()  # python3 and a shell, for the looping client
+    client_image = base.base_image()  # python3 and a shell, for the looping client
     for node in kind_cluster.node_names():
         scenario.advertise_npus(kind_cluster, node)
     for image in (operator.tag, engine.tag, client_image):
         seconds = kind_cluster.load(image)
-        print(f"kind load {image}: {docker.image_size(image) / 2**20:.0f} MiB in {seconds:.1f}s")
+        print(f"kind load {image}: {daemon.image_size(image) / 2**20:.0f} MiB in {seconds:.1f}s")
     scenario.helm_install(kind_cluster, operator.tag, engine.tag)
     namespace = f"e2e-{uuid.uuid4().hex[:6]}"
     kind_cluster.kubectl("create", "namespace", namespace)

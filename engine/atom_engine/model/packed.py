@@ -3,12 +3,10 @@
 Linears that read the same input (q/k/v, gate/up) become one weight, so a step runs one wide matmul instead of
 several narrow ones. Where torch has oneDNN (x86 builds), the model is float32 (or bfloat16 on a CPU with native
 bfloat16 dot products, AVX-512 BF16 or AMX) and the weight is not small, the weight is reordered once into
-oneDNN's blocked layout: on the 2-core EPYC of benchmarks/results/engine.md an ``[8, 256] x [256, 1376]`` product
-takes about 50 us that way against about 100 us through ``F.linear`` (MKL), and 256 rows through the same weight
-(a prefill chunk) about 0.9 ms against 1.2 ms; in bfloat16, SmolLM2's ``[8, 576] x [576, 3072]`` (q/k/v) takes
-about 160 us against 240 us (``F.linear``) and 265 us (dense). Elsewhere (small weights, float64, float16, builds
-without oneDNN) the weight is one dense ``[in, out]`` matrix, which streams better than ``F.linear``'s
-``[out, in]`` for a few rows.
+oneDNN's blocked layout, which multiplies a few rows (a decode step) and a prefill chunk faster than ``F.linear``
+(MKL) does. Elsewhere (small weights, float64, float16, builds without oneDNN) the weight is one dense ``[in, out]``
+matrix, which streams better than ``F.linear``'s ``[out, in]`` for a few rows. The timings behind both choices:
+benchmarks/results/measured-in-place.md.
 
 Packing moves the weights: each packed linear's parameters are replaced by meta tensors (shape and dtype, no
 storage), so the weights are not held twice and a packed model fails loudly if anything but this path reads them.
@@ -20,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# oneDNN costs about 20 us more per call than a dense matmul, which only a large enough weight earns back. Measured
-# in place: every linear of the benchmark's model (the smallest, o_proj, is 256 x 256) is faster with oneDNN, while
-# builtin:tiny's (64 x 320 at most) are slower: its 8-lane decode step took 1.05 ms with oneDNN and 0.71 ms dense.
+# oneDNN costs a fixed overhead per call over a dense matmul, which only a large enough weight earns back: every
+# linear of the benchmark's model (the smallest, o_proj, is 256 x 256) is faster with it, builtin:tiny's are slower
+# (benchmarks/results/measured-in-place.md).
 ONEDNN_MIN_WEIGHT = 256 * 256
 
 

@@ -4,9 +4,8 @@ Why one thread: torch's CPU kernels run on OpenMP (libgomp in the PyPI wheels), 
 threads for every thread that has started a parallel region. Once the teams hold more threads than the machine has
 cores, libgomp's workers spin only briefly before sleeping (its "throttled" spin), so every parallel region pays a
 futex wake-up. A server that loaded the model in one executor thread and stepped it in another paid that on each
-of the ~400 regions of a decode step: on 2 cores SmolLM2-135M's bfloat16 decode step took 32-38 ms instead of
-22 ms, and the OpenAI server took 18.1 s instead of 11.8 s on the engine benchmark's 32 requests (float32: 19.8 s
-instead of 16.0 s; benchmarks/results/engine.md). Work that never leaves this thread keeps a single team.
+of the hundreds of regions of a decode step, a large part of every step (benchmarks/results/measured-in-place.md).
+Work that never leaves this thread keeps a single team.
 
 A daemon thread (unlike ``ThreadPoolExecutor``'s workers, which interpreter exit joins): a step that never returns
 must not keep a dying server alive.

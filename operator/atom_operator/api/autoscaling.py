@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from atom_operator.api.kube import Strict
+from atom_operator.api.fields import Strict
 
 # Replica bounds of an autoscaled role. Smaller than spec.<role>.replicas' bound so that every product the rules
 # print (replicas x npusPerReplica x 2 roles) stays within the 5 digits a CEL message can print.

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from atom_operator.api import rules
 from atom_operator.api.autoscaling import AutoscalingSpec
-from atom_operator.api.kube import FreeForm, LabelMap, Resources, Strict, Toleration
+from atom_operator.api.fields import FreeForm, LabelMap, Resources, Strict, Toleration
 
 # The engine's own defaults are the spec's defaults: one place decides what an unconfigured engine runs with.
 _ENGINE = EngineSettings.model_fields

@@ -25,8 +25,9 @@ from atom_operator.autoscale import drain, metrics, observe
 from atom_operator.autoscale.decision import Decision, State, decide
 from atom_operator.autoscale.policy import policy
 from atom_operator.autoscale.scrape import Sample, scrape
-from atom_operator.children.meta import ACCEPTING, ROLES, Owner, Role, workload_name
-from atom_operator.kube import ApiError, Kube
+from atom_operator.children.meta import ACCEPTING, ROLES, Owner, workload_name
+from atom_operator.children.meta import WorkloadRole as Role
+from atom_operator.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -254,7 +255,7 @@ class Autoscaler:
         try:
             await self.kube.request("PATCH", path, body={"metadata": meta},
                                     content_type="application/merge-patch+json")  # fmt: skip
-        except ApiError as e:
+        except KubeError as e:
             if e.status != 404:  # gone meanwhile: nothing to cordon
                 raise
 
@@ -323,7 +324,7 @@ class Autoscaler:
                   "currentRatio": f"{d.prefill.desired}:{d.decode.desired}" if d.prefill else None}  # fmt: skip
         try:
             await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
-        except ApiError as e:
+        except KubeError as e:
             if e.status != 404:
                 raise
         if d.changed:

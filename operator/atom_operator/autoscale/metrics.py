@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from atom_operator.metrics import REGISTRY
+from atom_operator.telemetry import REGISTRY
 
 DESIRED = Gauge("atom_autoscaler_desired_replicas", "Replicas the last decision set, by deployment and role.",
                 ["namespace", "name", "role"], registry=REGISTRY)  # fmt: skip

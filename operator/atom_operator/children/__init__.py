@@ -14,7 +14,7 @@ from atom_operator.children.meta import (
     APPLIED_HASH,
     Defaults,
     Owner,
-    Role,
+    WorkloadRole,
     build_name,
     config_name,
     digest,
@@ -48,7 +48,7 @@ def build_children(
     ``served``: which of the optional kinds (InferencePool, HTTPRoute) the cluster has CRDs for;
     ``routed_before``: whether routing children may exist from an earlier reconcile (then those no longer wanted
     are removed)."""
-    roles: list[Role] = ["decode"] + (["prefill"] if prefill_role(owner.spec) else [])
+    roles: list[WorkloadRole] = ["decode"] + (["prefill"] if prefill_role(owner.spec) else [])
     desired: list[dict[str, Any]] = []
     configs = {role: build_configmap(owner, role, defaults) for role in roles}
     desired.extend(configs.values())

@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from atom_operator.children.configmap import CONFIG_PATH
-from atom_operator.children.meta import ARTIFACT_KEY, Owner, Role, build_name, digest, metadata
+from atom_operator.children.meta import ARTIFACT_KEY, Owner, WorkloadRole, build_name, digest, metadata
 
 # Exit statuses of `atom-engine compile` that a retry cannot change (atom_engine.cli): 2 bad settings, 3 an artifact
 # that disagrees with the settings. The Job fails at once with them; anything else (an evicted pod) is retried.
@@ -30,7 +30,7 @@ def artifact_key(config_data: dict[str, str], image: str) -> str:
     return digest({"settings": config_data, "image": image})
 
 
-def build_job(owner: Owner, role: Role, pod: dict[str, Any], key: str) -> dict[str, Any]:
+def build_job(owner: Owner, role: WorkloadRole, pod: dict[str, Any], key: str) -> dict[str, Any]:
     """``pod`` is the role's pod template (see workload.build_deployment); ``key`` its artifact_key."""
     template = copy.deepcopy(pod)
     # Another component than the role's: the Services and the Deployment never select a compile pod.

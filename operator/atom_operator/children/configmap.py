@@ -7,7 +7,7 @@ from typing import Any
 from atom_engine.settings import EngineSettings
 
 from atom_operator.api import engine_settings
-from atom_operator.children.meta import Defaults, Owner, Role, config_name, metadata, prefill_service_name
+from atom_operator.children.meta import Defaults, Owner, WorkloadRole, config_name, metadata, prefill_service_name
 
 CONFIG_KEY = "engine.yaml"
 CONFIG_DIR = "/etc/atom"
@@ -21,7 +21,7 @@ def prefill_address(owner: Owner) -> str:
     return f"{prefill_service_name(owner)}.{owner.namespace}.svc:{KV_PORT}"
 
 
-def build_configmap(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+def build_configmap(owner: Owner, role: WorkloadRole, defaults: Defaults) -> dict[str, Any]:
     workers = prefill_address(owner) if role == "decode" and owner.spec.prefill.replicas >= 1 else None
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     pes = defaults.npu.rngd_pes(spec.backend, spec.npus_per_replica)  # a partition of a card fuses fewer PEs

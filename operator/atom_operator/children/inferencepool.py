@@ -16,6 +16,8 @@ from atom_operator.children.meta import EPP_SUFFIX, Owner, metadata, traffic_sel
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_VERSION = "v1"
 POOL_PLURAL = "inferencepools"
+# The picker image's non-root user (the Dockerfile's epp stage: upstream's distroless "nonroot" uid).
+EPP_UID = 65532
 EPP_GRPC_PORT = 9002  # the port GIE's gateways and charts expect the picker's ext_proc service on
 
 
@@ -92,7 +94,7 @@ def build_epp(owner: Owner, image: str, pull_policy: str) -> list[dict[str, Any]
             "template": {"metadata": {"labels": {**meta["labels"], **selector}}, "spec": {
                 "serviceAccountName": name,
                 "containers": [container],
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": EPP_UID, "runAsGroup": EPP_UID,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
             }},
         }},

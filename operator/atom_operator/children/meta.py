@@ -11,8 +11,8 @@ from atom_operator.api import GROUP, KIND, VERSION, AtomDeploymentSpec
 from atom_operator.api.rules import CHILD_NAME_SUFFIXES
 from atom_operator.npu import NpuProfile
 
-Role = Literal["decode", "prefill"]
-ROLES: tuple[Role, ...] = ("decode", "prefill")
+WorkloadRole = Literal["decode", "prefill"]
+ROLES: tuple[WorkloadRole, ...] = ("decode", "prefill")
 
 APP_NAME = "atom-engine"
 DEPLOYMENT_LABEL = f"{GROUP}/deployment"
@@ -58,7 +58,7 @@ def service_name(owner: Owner) -> str:
     return owner.name + _SERVICE
 
 
-def workload_name(owner: Owner, role: Role) -> str:
+def workload_name(owner: Owner, role: WorkloadRole) -> str:
     return owner.name + (_DECODE if role == "decode" else _PREFILL)
 
 
@@ -67,16 +67,16 @@ def prefill_service_name(owner: Owner) -> str:
     return owner.name + _PREFILL
 
 
-def build_name(owner: Owner, role: Role) -> str:
+def build_name(owner: Owner, role: WorkloadRole) -> str:
     """The role's compile Job: one per AtomDeployment and role, replaced when the artifact it builds changes."""
     return owner.name + (_DECODE_BUILD if role == "decode" else _PREFILL_BUILD)
 
 
-def config_name(owner: Owner, role: Role) -> str:
+def config_name(owner: Owner, role: WorkloadRole) -> str:
     return owner.name + (_DECODE_CONFIG if role == "decode" else _PREFILL_CONFIG)
 
 
-def selector_labels(owner: Owner, role: Role) -> dict[str, str]:
+def selector_labels(owner: Owner, role: WorkloadRole) -> dict[str, str]:
     """The labels a role's pods are selected by (immutable in a Deployment, so nothing that can change)."""
     return {
         "app.kubernetes.io/name": APP_NAME,
@@ -91,7 +91,7 @@ def selector_labels(owner: Owner, role: Role) -> dict[str, str]:
 ACCEPTING = f"{GROUP}/accepting"
 
 
-def traffic_selector(owner: Owner, role: Role) -> dict[str, str]:
+def traffic_selector(owner: Owner, role: WorkloadRole) -> dict[str, str]:
     """What the Services and the InferencePool select: the role's pods, and with autoscaling those accepting."""
     out = selector_labels(owner, role)
     if owner.spec.autoscaling is not None:
@@ -99,7 +99,7 @@ def traffic_selector(owner: Owner, role: Role) -> dict[str, str]:
     return out
 
 
-def labels(owner: Owner, role: Role | None) -> dict[str, str]:
+def labels(owner: Owner, role: WorkloadRole | None) -> dict[str, str]:
     out = {
         "app.kubernetes.io/name": APP_NAME,
         "app.kubernetes.io/instance": owner.name,
@@ -111,7 +111,7 @@ def labels(owner: Owner, role: Role | None) -> dict[str, str]:
     return out
 
 
-def selector_string(owner: Owner, role: Role) -> str:
+def selector_string(owner: Owner, role: WorkloadRole) -> str:
     """The label selector of a role's pods as a string (status.selector, for the scale subresource)."""
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner, role).items()))
 
@@ -128,7 +128,7 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
     }
 
 
-def metadata(owner: Owner, name: str, role: Role | None) -> dict[str, Any]:
+def metadata(owner: Owner, name: str, role: WorkloadRole | None) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner.namespace,

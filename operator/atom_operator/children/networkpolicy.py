@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from atom_operator.children.configmap import HTTP_PORT, KV_PORT
-from atom_operator.children.meta import Owner, Role, metadata, prefill_service_name, selector_labels, service_name
+from atom_operator.children.meta import (
+    Owner,
+    WorkloadRole,
+    metadata,
+    prefill_service_name,
+    selector_labels,
+    service_name,
+)
 from atom_operator.children.workload import METRICS_PORT
 
 
@@ -19,7 +26,7 @@ def _port(port: int) -> dict[str, Any]:
     return {"port": port, "protocol": "TCP"}
 
 
-def build_network_policy(owner: Owner, role: Role) -> dict[str, Any]:
+def build_network_policy(owner: Owner, role: WorkloadRole) -> dict[str, Any]:
     http: dict[str, Any] = {"ports": [_port(HTTP_PORT)]}
     if role == "prefill":
         http = {"ports": [_port(HTTP_PORT), _port(KV_PORT)],

@@ -15,7 +15,7 @@ from atom_operator.children.meta import (
     CONFIG_HASH,
     Defaults,
     Owner,
-    Role,
+    WorkloadRole,
     config_name,
     labels,
     metadata,
@@ -34,11 +34,11 @@ TERMINATION_GRACE_SECONDS = (
     + 10
 )
 SCRATCH_DIR = "/tmp"
-# A non-root uid/gid that exists in distroless-style images; the image must not need root.
-RUN_AS = 65532
+# The engine images' own non-root user (the Dockerfile's `useradd --uid 10001` in engine and engine-rngd).
+ENGINE_UID = 10001
 
 
-def engine_command(role: Role) -> list[str]:
+def engine_command(role: WorkloadRole) -> list[str]:
     """The engine CLI every pod runs; the only place the operator spells it."""
     return [
         "atom-engine",
@@ -54,7 +54,7 @@ def engine_command(role: Role) -> list[str]:
     ]
 
 
-def _resources(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+def _resources(owner: Owner, role: WorkloadRole, defaults: Defaults) -> dict[str, Any]:
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     user = spec.resources
     # Quantities as strings: the API server stores them so, and the applier compares what it reads back.
@@ -73,7 +73,7 @@ def _resources(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
     return out
 
 
-def engine_image(owner: Owner, role: Role, defaults: Defaults) -> str:
+def engine_image(owner: Owner, role: WorkloadRole, defaults: Defaults) -> str:
     """The role's own image, else spec.image, else the operator's; rngd pods need furiosa-torch's own image."""
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     if spec.image:
@@ -83,7 +83,7 @@ def engine_image(owner: Owner, role: Role, defaults: Defaults) -> str:
     return owner.spec.image or defaults.image
 
 
-def _container(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+def _container(owner: Owner, role: WorkloadRole, defaults: Defaults) -> dict[str, Any]:
     spec = owner.spec
     backend = (spec.decode if role == "decode" else spec.prefill).backend
     mounts = [
@@ -140,7 +140,7 @@ def _cpu_env() -> list[dict[str, Any]]:
     ]
 
 
-def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
+def _pod_spec(owner: Owner, role: WorkloadRole, defaults: Defaults) -> dict[str, Any]:
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_name(owner, role)}},
@@ -159,9 +159,9 @@ def _pod_spec(owner: Owner, role: Role, defaults: Defaults) -> dict[str, Any]:
         "automountServiceAccountToken": False,  # the engine never calls the API server
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
+            "runAsUser": ENGINE_UID,
+            "runAsGroup": ENGINE_UID,
+            "fsGroup": ENGINE_UID,
             # RuntimeDefault, or for RNGD pods a Localhost profile that also allows io_uring: both restricted.
             "seccompProfile": defaults.npu.seccomp(spec.backend),
         },
@@ -191,7 +191,7 @@ def rollout_strategy(replicas: int) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
 
 
-def build_deployment(owner: Owner, role: Role, config_hash: str, defaults: Defaults) -> dict[str, Any]:
+def build_deployment(owner: Owner, role: WorkloadRole, config_hash: str, defaults: Defaults) -> dict[str, Any]:
     """The role's Deployment; ``config_hash`` is the digest of its ConfigMap, so new settings roll the pods."""
     spec = owner.spec.decode if role == "decode" else owner.spec.prefill
     return {

@@ -13,15 +13,18 @@ Environment:
                            served).
   ATOM_RESYNC_SECONDS      the longest an informer goes without a complete listing (default 300): a deletion or
                            edit no watch event reported is repaired within it. Every broken watch lists at once.
-  ATOM_NAMESPACES          comma-separated namespaces to reconcile in (default: every namespace); match kopf's
-                           ``--namespace`` options when you give those.
+  ATOM_NAMESPACES          comma-separated namespaces to reconcile in (default: every namespace).
+  ATOM_LEASE_NAMESPACE     where the leader-election Lease lives (the chart: the release's namespace); unset: no
+                           election, this process reconciles alone (run one only).
+  ATOM_LEASE_NAME          the Lease's name (default atom-operator; the chart: the release's name).
+  ATOM_LEASE_IDENTITY      this replica's name in the Lease (the chart: the pod's name; default: host name and a
+                           random suffix). A restart under the same identity takes its own Lease back at once.
   ATOM_WEBHOOK            "off" disables the webhook server (the CRD's CEL rules still refuse invalid specs).
   ATOM_WEBHOOK_ADDR/PORT  where to listen (default 0.0.0.0:9443).
   ATOM_WEBHOOK_HOST       the host name the API server calls (default: the listening address).
-  ATOM_WEBHOOK_CERT/KEY   the serving certificate and key; ATOM_WEBHOOK_CA the CA that signed them (its bundle
-                          goes into the configuration). Without them a CA and certificate are generated.
-  ATOM_WEBHOOK_MANAGED    a ValidatingWebhookConfiguration name: kopf creates and keeps it up to date. Leave it
-                          unset when the configuration is installed with the chart (see webhook.configuration).
+  ATOM_WEBHOOK_CERT/KEY   the serving certificate and key, read again when they change; ATOM_WEBHOOK_CA the CA that
+                          signed them. Without them a CA and certificate are generated. The chart installs the
+                          ValidatingWebhookConfiguration (see webhook.configuration).
 
 The Kubernetes credentials are not settings: the client finds them as every client does (the service account in
 the cluster, else KUBECONFIG).
@@ -30,10 +33,13 @@ the cluster, else KUBECONFIG).
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from atom_operator.children import Defaults
+from atom_operator.lease import LeaseSettings
 from atom_operator.npu import NpuProfile
 
 
@@ -46,7 +52,6 @@ class WebhookSettings:
     cert: str | None = None
     key: str | None = None
     ca: str | None = None
-    managed: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WebhookSettings:
@@ -59,7 +64,6 @@ class WebhookSettings:
             cert=env.get("ATOM_WEBHOOK_CERT") or None,
             key=env.get("ATOM_WEBHOOK_KEY") or None,
             ca=env.get("ATOM_WEBHOOK_CA") or None,
-            managed=env.get("ATOM_WEBHOOK_MANAGED") or None,
         )
 
 
@@ -72,6 +76,7 @@ class Settings:
     resync_seconds: int = 300
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    lease: LeaseSettings | None = None  # None: no leader election
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -93,4 +98,11 @@ class Settings:
             resync_seconds=int(env.get("ATOM_RESYNC_SECONDS", "300")),
             namespaces=tuple(n.strip() for n in env.get("ATOM_NAMESPACES", "").split(",") if n.strip()),
             webhook=WebhookSettings.from_env(env),
+            lease=LeaseSettings(
+                namespace=env["ATOM_LEASE_NAMESPACE"],
+                name=env.get("ATOM_LEASE_NAME") or "atom-operator",
+                identity=env.get("ATOM_LEASE_IDENTITY") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+            )
+            if env.get("ATOM_LEASE_NAMESPACE")
+            else None,
         )

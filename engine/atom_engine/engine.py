@@ -58,7 +58,7 @@ class LLMEngine:
         self.vocab_size = self.model.cfg.vocab_size
         self.connector = connector
         if connector is not None:
-            connector.bind(self.kv)
+            connector.bind(self.kv, self.model)
         self.batcher = Batcher(
             self.runner, self.kv, lanes=settings.lanes, max_seq_len=settings.max_seq_len,
             prefill_chunk=self.runner.chunk, max_waiting=settings.max_waiting, eos_token_id=self.eos_token_id,

@@ -16,6 +16,7 @@ to it too (``ships``: selective disaggregation). Pure Python: no torch, no socke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,8 +42,12 @@ class KVConnector(Protocol):
     def ships(self, seq: Sequence) -> bool:
         """Whether ``seq``'s prompt KV comes from the connector (False: the batcher prefills it locally)."""
 
-    def bind(self, kv: KVBlocks) -> None:
-        """The engine's KV block table (where a prefetch pins the prompt's cached prefix)."""
+    def bind(self, kv: KVBlocks, model: Any) -> None:
+        """Called by the engine once its model is loaded (vLLM's ``register_kv_caches``): its KV block table
+        (where a prefetch pins the prompt's cached prefix) and the model, whose KV layout imports must match."""
+
+    def set_wakeup(self, wakeup: Callable[[], None]) -> None:
+        """How the connector wakes the engine loop when KV arrives (the serving layer's)."""
 
     def allocate(self, seq: Sequence) -> Allocation | None:
         """The lane's block when the connector prepared it before admission (a prefetch: its prefix-cache entry

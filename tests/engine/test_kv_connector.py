@@ -40,8 +40,11 @@ class ShippingConnector:
     def ships(self, seq: Sequence) -> bool:
         return True
 
-    def bind(self, kv: KVBlocks) -> None:
+    def bind(self, kv: KVBlocks, model: object = None) -> None:
         self.kv = kv
+
+    def set_wakeup(self, wakeup: object) -> None:
+        pass
 
     def allocate(self, seq: Sequence) -> Allocation | None:
         return None

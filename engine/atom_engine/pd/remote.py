@@ -93,8 +93,8 @@ class RemotePrefill:
         self.wakeup: Callable[[], None] = lambda: None
         self.buffers: dict[int, bytearray] = {}
 
-    def configure(self, model: Any, *, wakeup: Callable[[], None]) -> None:
-        """The loaded model's KV layout (what every frame must match) and how to wake the engine loop."""
+    def configure(self, model: Any) -> None:
+        """The loaded model's KV layout (what every frame must match)."""
         cfg = model.cfg
         dtype = model.dtype
         self.layout = dict(layers=cfg.num_layers, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -102,7 +102,6 @@ class RemotePrefill:
         # A slot holds a whole sequence's K and V (maxSeqLen tokens) and the logits of one token.
         self.slot_bytes = (2 * cfg.num_layers * cfg.num_kv_heads * model.max_seq_len * cfg.head_dim
                            * dtype.itemsize + 4 * cfg.vocab_size)
-        self.wakeup = wakeup
 
     def submit(self, request_id: str, prompt: list[int], start: int, slot: int, on_stopped: Callable[[], None],
                prompt_logprobs: int | None = None) -> Fetch:
@@ -153,9 +152,15 @@ class RemoteConnector:
     def ships(self, seq: Sequence) -> bool:
         return True  # remote-only: every prompt's KV comes from a worker
 
-    def bind(self, kv: KVBlocks) -> None:
-        """The engine's KV blocks, where a prefetch pins the prompt's cached prefix."""
+    def bind(self, kv: KVBlocks, model: Any) -> None:
+        """The engine's KV blocks (where a prefetch pins the prompt's cached prefix) and its loaded model (the KV
+        layout every shipment must match)."""
         self.kv = kv
+        self.remote.configure(model)
+
+    def set_wakeup(self, wakeup: Callable[[], None]) -> None:
+        """How to wake the engine loop when a shipment arrives."""
+        self.remote.wakeup = wakeup
 
     # -- state ------------------------------------------------------------------------------------
     def busy(self) -> bool:

@@ -10,6 +10,9 @@ is made once per request, when its lane first asks. Remote-only pods (``localPre
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.pd.breaker import CircuitBreaker
@@ -42,8 +45,11 @@ class SelectiveConnector:
                 self.counters["selective_local_prefills"] += 1
         return choice
 
-    def bind(self, kv: KVBlocks) -> None:
-        self.remote_connector.bind(kv)
+    def bind(self, kv: KVBlocks, model: Any) -> None:
+        self.remote_connector.bind(kv, model)
+
+    def set_wakeup(self, wakeup: Callable[[], None]) -> None:
+        self.remote_connector.set_wakeup(wakeup)
 
     def allocate(self, seq: Sequence) -> Allocation | None:
         return None  # never a prefetch

@@ -183,7 +183,7 @@ class OpenAIServer(EngineServer):
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
         if remote is not None:
-            remote.remote.configure(engine.model, wakeup=self.aengine.wakeup.set)
+            remote.set_wakeup(self.aengine.wakeup.set)
         self.aengine.start()
         self.routes = OpenAIRoutes(engine, self.aengine, self.metrics)
 

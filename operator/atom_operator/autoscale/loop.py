@@ -171,11 +171,15 @@ class Autoscaler:
         body = self.owners.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
+        pods = self.pods.get(key, {})
+        if "autoscaling" not in (body.get("spec") or {}) and key not in self.tracked:
+            # Never autoscaled (the common case, checked without parsing): only a cordon left behind needs undoing.
+            await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])
+            return
         try:
             spec = AtomDeployment.model_validate(body).spec
         except ValidationError:
             return
-        pods = self.pods.get(key, {})
         if spec.autoscaling is None or spec.autoscaling.mode == "Off":
             # Level-based: nothing stays cordoned once autoscaling is off, and the spec's replicas apply again.
             await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])

@@ -107,6 +107,14 @@ bench-pd: venv ## PD: KV transport GB/s vs a plain socket (tiny, SmolLM2; 1K-16K
 bench-routing: venv tools model ## two decode replicas behind Envoy: GIE's EPP vs random vs round robin; writes benchmarks/results/routing.md
 	$(PY) benchmarks/bench_routing.py
 
+.PHONY: bench-autoscale-sim
+bench-autoscale-sim: venv ## the autoscaling decision on a simulated fleet: coupled vs per-role after load steps; writes benchmarks/results/autoscaling-simulation.md
+	$(PY) benchmarks/bench_autoscale_sim.py
+
+.PHONY: bench-autoscale-scrape
+bench-autoscale-scrape: venv ## the autoscaler's own cost: 100 deployments x 4 loopback pods scraped and decided every 5 s; writes benchmarks/results/autoscaling-scrape.md
+	$(PY) benchmarks/bench_autoscale_scrape.py
+
 .PHONY: bench-operator
 bench-operator: venv tools ## 500 AtomDeployments on the harness, at 10/s then all at once; writes benchmarks/results/operator.md
 	$(PY) benchmarks/bench_operator.py --rate 10

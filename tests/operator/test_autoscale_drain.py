@@ -236,3 +236,33 @@ def test_the_real_hpa_scales_decode_and_its_scale_down_is_drained(
         finally:
             procs.stop()
             cluster.kubectl("delete", "hpa", "llm", "-n", namespace, check=False)
+
+
+def test_load_returning_during_a_drain_uncordons_the_pod(cluster, op, namespace: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """A pod cordoned with a stream running goes back into service when the load comes back: no cold start."""
+    cluster.apply(atomdeployment("llm", namespace, **SPEC))
+    wait_for(lambda: len(decode_pods(cluster, namespace)) == 2, "two decode pods")
+    procs = Processes(tmp_path)
+    try:
+        urls = start_engines(cluster, namespace, procs)
+        busy, quiet = sorted(urls)
+        first = [Stream(urls[busy], 400), Stream(urls[quiet], 400)]  # 20 s each
+        for s in first:
+            s.start()
+        wait_for(lambda: all(running(url) == 1 for url in urls.values()), "the streams decoding", timeout=60)
+        set_mode(cluster, namespace, "Operator")
+        victim = wait_for(lambda: cordoned(cluster, namespace), "a cordoned pod", timeout=60)[0]
+        serving = quiet if victim == busy else busy
+        # Six more streams on the pod still serving: 7 sequences need two pods of 4 lanes at 100 %.
+        more = [Stream(urls[serving], 200) for _ in range(6)]
+        for s in more:
+            s.start()
+        wait_for(lambda: not cordoned(cluster, namespace), "the victim back in service", timeout=60)
+        assert set(decode_pods(cluster, namespace)) == set(urls)  # the same two pods: nothing started cold
+        reasons = {e["reason"] for e in cluster.get("events", "-n", namespace)["items"]}
+        assert "DrainCancelled" in reasons, reasons
+        for s in (*first, *more):
+            s.join(90)
+            assert s.error is None and s.finish == "length", (s.error, s.finish)
+    finally:
+        procs.stop()

@@ -37,6 +37,7 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_COST = str(-(2**31))  # the ReplicaSet removes the lowest cost first
 METRICS_PORT = 9090  # the pods' metrics port (children/workload.py)
 TICK_SECONDS = 1.0
+SCRAPE_CONCURRENCY = 64  # pods scraped at once across every deployment (and the connection pool's size)
 UNCORDONED = {"labels": {ACCEPTING: "true"}, "annotations": {DRAINING_SINCE: None, DELETION_COST: None}}
 
 
@@ -111,6 +112,7 @@ class Autoscaler:
         self.pods: dict[Key, dict[str, PodInfo]] = {}
         self.tracked: dict[Key, _Tracked] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._gate: asyncio.Semaphore | None = None
 
     # ---- the informers' pods (through Fanout) -------------------------------------------------------------
     def event(self, kind: str, type_: str | None, body: dict[str, Any], key: Key) -> None:
@@ -149,7 +151,8 @@ class Autoscaler:
 
     # ---- the loop ------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SCRAPE_CONCURRENCY))
+        self._gate = asyncio.Semaphore(SCRAPE_CONCURRENCY)
         try:
             while True:
                 started = time.monotonic()
@@ -171,11 +174,15 @@ class Autoscaler:
         body = self.owners.get(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
+        pods = self.pods.get(key, {})
+        if "autoscaling" not in (body.get("spec") or {}) and key not in self.tracked:
+            # Never autoscaled (the common case, checked without parsing): only a cordon left behind needs undoing.
+            await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])
+            return
         try:
             spec = AtomDeployment.model_validate(body).spec
         except ValidationError:
             return
-        pods = self.pods.get(key, {})
         if spec.autoscaling is None or spec.autoscaling.mode == "Off":
             # Level-based: nothing stays cordoned once autoscaling is off, and the spec's replicas apply again.
             await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])
@@ -196,7 +203,7 @@ class Autoscaler:
         urls = {n: f"http://{p.ip}:{self.port}/metrics" for n, p in ready.items()}
         assert self._session is not None
         began = time.monotonic()
-        found = await scrape(self._session, urls)
+        found = await scrape(self._session, urls, gate=self._gate)
         metrics.SCRAPE_SECONDS.observe(time.monotonic() - began)
         metrics.SCRAPE_ERRORS.inc(sum(s is None for s in found.values()))
         readings = {

@@ -54,9 +54,14 @@ async def scrape(
     concurrency: int = CONCURRENCY,
     timeout: float = TIMEOUT_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    gate: asyncio.Semaphore | None = None,
 ) -> dict[str, Sample | None]:
-    """{pod: its sample, or None} for ``urls`` ({pod: http://ip:port/metrics}), at most ``concurrency`` at once."""
-    gate = asyncio.Semaphore(concurrency)
+    """{pod: its sample, or None} for ``urls`` ({pod: http://ip:port/metrics}), at most ``concurrency`` at once.
+
+    ``gate``: one bound shared by every caller (the loop scrapes all deployments at once); each pod's timeout
+    starts once it holds the gate, so a long queue is not mistaken for a pod that does not answer. The session's
+    connection pool must allow at least as many connections, for the same reason."""
+    gate = gate or asyncio.Semaphore(concurrency)
     limit = aiohttp.ClientTimeout(total=timeout)
 
     async def one(url: str) -> Sample | None:

@@ -80,7 +80,7 @@ class ResponsesAPI:
                 params = r._params(lambda: chat.chat_sampling(default))
                 params = await r.structured.apply(chat.grammar() or tools.grammar, params)
             except ApiError as exc:
-                raise renamed(exc) from None
+                raise renamed(exc, len(history) + (1 if req.instructions else 0)) from None
             try:
                 outputs = await r.aengine.submit(ids, params, rid)
             except (RequestRejected, QueueFull, EngineDead) as exc:

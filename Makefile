@@ -103,6 +103,10 @@ bench-threads: venv model ## SmolLM2 in a cgroup with a 1- and 2-CPU CFS quota, 
 bench-pd: venv ## PD: KV transport GB/s vs a plain socket (tiny, SmolLM2; 1K-16K tokens), TTFT PD vs standalone; writes benchmarks/results/pd.md
 	$(PY) benchmarks/bench_pd.py
 
+.PHONY: bench-structured
+bench-structured: venv model ## structured outputs: SmolLM2 at 8 lanes, a JSON schema's grammar vs unconstrained; writes benchmarks/results/structured.md
+	$(PY) benchmarks/bench_structured.py
+
 .PHONY: bench-routing
 bench-routing: venv tools model ## two decode replicas behind Envoy: GIE's EPP vs random vs round robin; writes benchmarks/results/routing.md
 	$(PY) benchmarks/bench_routing.py

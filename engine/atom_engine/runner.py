@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import torch
@@ -12,7 +13,7 @@ from atom_engine.capabilities import Capabilities
 from atom_engine.kv_blocks import SCRATCH_BLOCK
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.model.llama import LlamaForCausalLM
-from atom_engine.sampling import prompt_logprobs, sample, sample_batch, verify_draft
+from atom_engine.sampling import prepare_masks, prompt_logprobs, sample, sample_batch, verify_draft
 from atom_engine.sequence import Sequence
 from atom_engine.settings import EngineSettings
 
@@ -29,6 +30,7 @@ class ModelRunner:
         # Draft tokens a decode step may verify per lane; 0 where the backend's decode graph takes one token per
         # lane (the NPU backends compile [lanes, 1]).
         self.speculative_tokens = settings.speculative_tokens if self.capabilities.verify else 0
+        self._grammar_thread: concurrent.futures.ThreadPoolExecutor | None = None  # see _prepare_masks
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, start: int, tokens: list[int], last: bool) -> int | None:
@@ -73,10 +75,26 @@ class ModelRunner:
         ids = torch.tensor([[0 if s is None else s.last_token] for s in batch], dtype=torch.long)
         positions = torch.tensor([[0 if s is None else s.computed] for s in batch], dtype=torch.long)
         blocks = torch.tensor([SCRATCH_BLOCK if s is None else s.block for s in batch], dtype=torch.long)
+        masks = self._prepare_masks(batch)
         t0 = time.perf_counter()
-        logits = self.backend.decode(ids, positions, blocks[:, None], blocks, torch.zeros(self.lanes, dtype=torch.long))
+        try:
+            logits = self.backend.decode(ids, positions, blocks[:, None], blocks,
+                                         torch.zeros(self.lanes, dtype=torch.long))
+        finally:
+            if masks is not None:
+                masks.result()  # never raises (prepare_masks leaves a failing lane to its own sampling)
         self.forward_seconds += time.perf_counter() - t0
         return sample_batch(logits, batch)
+
+    def _prepare_masks(self, batch: list[Sequence | None]) -> concurrent.futures.Future | None:
+        """On a backend with a device of its own, the grammar lanes' masks are filled on a host thread while the
+        device runs the step, so the matcher does not add to the step (on the cpu backend both would share the
+        same cores: the masks are filled at sampling)."""
+        if not self.capabilities.devices or not any(s is not None and s.params.grammar is not None for s in batch):
+            return None
+        if self._grammar_thread is None:
+            self._grammar_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atom-grammar")
+        return self._grammar_thread.submit(prepare_masks, batch)
 
     @torch.inference_mode()
     def verify(self, batch: list[Sequence | None], drafts: list[list[int]]) -> list[list[int] | None]:

@@ -76,6 +76,17 @@ def _constraint(seq: Sequence):  # noqa: ANN202 (an atom_engine.structured.const
     return seq.constraint
 
 
+def prepare_masks(batch: list[Sequence | None]) -> None:
+    """Fill each grammar lane's mask for its next token (before the logits exist: a device forward runs
+    meanwhile). A lane whose mask cannot be filled is left to fail in its own sampling, alone."""
+    for seq in batch:
+        if seq is not None and seq.params.grammar is not None:
+            try:
+                _constraint(seq).prepare(len(seq.output))
+            except Exception:  # noqa: BLE001, S112 - sample() fills it again and fails that request only
+                continue
+
+
 def verify_draft(rows: torch.Tensor, draft: list[int], seq: Sequence) -> list[int]:
     """A greedy grammar lane's tokens from the logits ``[1 + len(draft), vocab]`` of its last token and draft:
     at each position the argmax of the logits the grammar masks (the matcher following the tokens taken), the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -113,3 +114,34 @@ def test_a_draft_token_the_grammar_forbids_is_never_kept() -> None:
     rows[0, ord("b")], rows[1, ord("x")], rows[1, ord("d")] = 5.0, 9.0, 1.0
     # "b" is kept; at the next position the raw argmax "x" is forbidden, the grammar's best is "d"
     assert verify_draft(rows, [ord("b"), ord("x")], seq) == [ord("b"), ord("d")]
+
+
+def test_on_a_device_backend_masks_are_filled_while_the_device_runs(rebel, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:  # noqa: ANN001
+    """On atom (a device of its own) each grammar lane's mask is filled on a host thread during the forward and
+    only applied at sampling; the outputs are the cpu backend's, where masks are filled at sampling."""
+    from atom_engine.structured.constraint import Constraint
+
+    threads: list[str] = []
+    prepare = Constraint.prepare
+
+    def spy(self, done: int) -> None:  # noqa: ANN001
+        threads.append(threading.current_thread().name)
+        prepare(self, done)
+
+    monkeypatch.setattr(Constraint, "prepare", spy)
+    outs = {}
+    for backend in ("cpu", "atom"):
+        threads.clear()
+        engine = LLMEngine(EngineSettings(backend=backend, **SETTINGS))
+        grammar = grammars(engine).compile(GrammarSpec.json_schema(SCHEMA))
+        params = [SamplingParams(max_tokens=80, grammar=grammar if i != 1 else None) for i in range(3)]
+        outs[backend] = [o.text for o in engine.generate(["a", "b", "c"], params)]
+        on_thread = sum(name.startswith("atom-grammar") for name in threads)
+        if backend == "atom":
+            assert on_thread > 0.8 * len(threads)  # the decode steps' masks (a prefill's first token: at sampling)
+        else:
+            assert on_thread == 0
+    assert outs["atom"] == outs["cpu"]
+    for i in (0, 2):
+        jsonschema.validate(json.loads(outs["atom"][i]), SCHEMA)

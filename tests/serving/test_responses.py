@@ -108,8 +108,10 @@ async def test_previous_response_id_is_a_400_where_nothing_was_kept(tiny: str) -
     ({"input": "x"}, "model", "Field required"),
     ({"model": MODEL}, "input", "Field required"),
     ({"model": MODEL, "input": [{"type": "reasoning", "summary": []}]}, "input", "'reasoning' items"),
-    ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]},
-     "input", "needs a model that takes images"),
+    ({"model": MODEL, "instructions": "Be brief.", "input": [
+        {"role": "user", "content": "Look"},
+        {"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]},
+     "input", "input[1].content[0]: a 'input_image' content part needs a model that takes images"),
     ({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}, "tools", "only function tools"),
     ({"model": MODEL, "input": "x", "tools": FLAT_TOOLS}, "tools", "does not render tools"),
     ({"model": MODEL, "input": "x", "text": {"format": {"type": "yaml"}}}, "text", "text.format.type"),

@@ -12,6 +12,7 @@ keeps nothing. ``GET /v1/responses/{id}`` returns a kept response.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -156,14 +157,21 @@ def chat_format(fmt: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
 
 
-def renamed(exc: ApiError) -> ApiError:
-    """A chat request's error in the Responses API's names."""
+def renamed(exc: ApiError, before: int = 0) -> ApiError:
+    """A chat request's error in the Responses API's names; ``before``: the chat messages ahead of the input's
+    (instructions, a kept conversation), so ``messages[i]`` is named as ``input[i - before]``."""
     param = CHAT_PARAM.get(exc.param or "", exc.param)
     message = exc.message
-    for theirs, ours in CHAT_PARAM.items():
-        if message.startswith(theirs):
-            message = ours + message[len(theirs):]
-            break
+    at = re.match(r"messages\[(\d+)\]", message)
+    if at is not None and int(at.group(1)) >= before:
+        message = f"input[{int(at.group(1)) - before}]" + message[at.end():]
+    elif at is not None:
+        message = "previous_response_id's conversation: " + message
+    else:
+        for theirs, ours in CHAT_PARAM.items():
+            if message.startswith(theirs):
+                message = ours + message[len(theirs):]
+                break
     return ApiError(exc.status, message, param=param, code=exc.code, err_type=exc.err_type)
 
 

@@ -80,7 +80,7 @@ class ResponsesAPI:
                 params = r._params(lambda: chat.chat_sampling(default))
                 params = await r.structured.apply(chat.grammar() or tools.grammar, params)
             except ApiError as exc:
-                raise renamed(exc) from None
+                raise renamed(exc, len(history) + (1 if req.instructions else 0)) from None
             try:
                 outputs = await r.aengine.submit(ids, params, rid)
             except (RequestRejected, QueueFull, EngineDead) as exc:
@@ -110,7 +110,7 @@ class ResponsesAPI:
             raise self.routes._failure(call, last)  # type: ignore[arg-type]
         text = last.final_text or ""
         content, calls = parse_tool_calls(text) if call.tools is not None else (text, [])
-        output = ([message_item(content)] if content else []) + [call_item(c) for c in calls]
+        output = ([message_item(content or "")] if content or not calls else []) + [call_item(c) for c in calls]
         return web.json_response(self._finish(call, output, content, calls))
 
     def _finish(self, call: _Response, output: list[dict[str, Any]], content: str | None,
@@ -177,6 +177,12 @@ class ResponsesAPI:
                     await events.send("response.function_call_arguments.done", {
                         **where, "name": item["name"], "arguments": item["arguments"]})
                     await events.send("response.output_item.done", {"output_index": len(output) - 1, "item": item})
+            if not output:  # nothing was said (an EOS at once): still one message, empty
+                message = message_item("", "in_progress")
+                output.append(message)
+                await events.send("response.output_item.added", {"output_index": 0, "item": message})
+                await events.send("response.content_part.added", {**_where(message, output), "part": {
+                    "type": "output_text", "text": "", "annotations": [], "logprobs": []}})
             await self._close_message(events, message, output, text)
             body = self._finish(call, output, text or None, calls)
             await events.send("response.incomplete" if body["status"] == "incomplete" else "response.completed",

@@ -22,12 +22,23 @@ class Constraint:
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self.accepted = 0  # tokens the matcher has taken: the sequence's output tokens it has seen
+        self._ready: int | None = None  # the output length the filled bitmask is for (see prepare)
+        self._restricts = True  # the filled bitmask forbids something
+
+    def prepare(self, done: int) -> None:
+        """Fill the bitmask of the token after ``done`` output tokens now: it depends on the tokens taken only,
+        so it can be filled while the device computes the logits (atom_engine.sampling.prepare_masks)."""
+        self.sync(done)
+        self._restricts = self._matcher.fill_next_token_bitmask(self._bitmask)
+        self._ready = done
 
     def mask(self, logits: torch.Tensor, done: int) -> None:
         """Set the logits of the tokens the grammar forbids after ``done`` output tokens to -inf, in place
         (``logits``: ``[vocab]`` float32)."""
-        self.sync(done)
-        if self._matcher.fill_next_token_bitmask(self._bitmask):
+        if self._ready != done:
+            self.prepare(done)
+        self._ready = None  # used once: a retried step fills it again
+        if self._restricts:
             self._xgr.apply_token_bitmask_inplace(logits[None], self._bitmask)
 
     def accept(self, token: int) -> None:

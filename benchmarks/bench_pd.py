@@ -263,6 +263,28 @@ async def prefetch_rows(tmp: Path, requests: int, prompt_tokens: int, max_tokens
     return rows, outputs[False] == outputs[True]
 
 
+NOTES = [
+    "## Reading the figures",
+    "",
+    "- Small frames (the tiny model's, 0.5-8 MB) fit in the sockets' buffers (the transport asks for 4 MiB, which"
+    " the kernel doubles), so after its first bytes the baseline's `recv_into` is one copy out of the kernel,"
+    " while the engine's fetch pays a fixed cost per frame (reading and checking the header, the event loop,"
+    " building the tensors) of some hundred microseconds, which dominates frames this small. The ratio that"
+    " matters for PD is the one on frames the size of real prompts' KV: the SmolLM2 rows (24-378 MB; an 8B"
+    " model's 4K-token prompt is 512 MiB of bfloat16 KV).",
+    "- The machine has 2 cores shared with other sessions' work (see the load average): each pair runs the engine"
+    " and the baseline back to back so both see about the same load, but single pairs vary widely (min..max)."
+    " Rerun on quiet cores before quoting a ratio.",
+    "- TTFT on 2 shared cores: PD's prefill worker and decode server share the cores a standalone server has to"
+    " itself, and PD adds the transfer of the prompt's KV; at concurrency 4 the single prefill worker is a queue"
+    " of its own. On NPUs the worker runs on its own device.",
+    "- B1 prefetch: here the prefill worker computes on the same 2 cores the decoding lane needs, so what the"
+    " prefetch hides is partly paid back as contention; between runs of this benchmark the difference has gone"
+    " either way, beyond the rounds' ranges. Compare only within one run, and on NPUs.",
+    "",
+]
+
+
 def load_average() -> str:
     try:
         return Path("/proc/loadavg").read_text().split()[0]
@@ -326,6 +348,7 @@ async def bench(args: argparse.Namespace) -> str:
         "",
         f"Same tokens with prefetch off and on: {'yes' if b1_same else 'NO'}.",
         "",
+        *NOTES,
     ]
     return "\n".join(lines)
 

@@ -5,6 +5,7 @@ corrupt and late shipments are refused with a clear 503 and leave nothing held."
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import openai
@@ -156,10 +157,15 @@ async def test_a_worker_that_does_not_answer_in_time_gives_503_and_frees_everyth
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
 
 
-async def open_kv(worker: Proc, prompt: bytes, request_id: str, lease: float = 10.0
+async def open_kv(worker: Proc, prompt: bytes, request_id: str, lease: float = 10.0, receive_buffer: int = 0
                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A decoder's connection to a worker's KV port, its request sent (and no heartbeat ever)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", worker.kv_port)
+    """A decoder's connection to a worker's KV port, its request sent (and no heartbeat ever); with
+    ``receive_buffer``, a socket that buffers only that much of what it is sent."""
+    sock = socket.socket()
+    if receive_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", worker.kv_port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(message(REQUEST, {"request_id": request_id, "prompt_token_ids": list(prompt), "start": 0,
                                    "prompt_logprobs": None, "lease_seconds": lease}))
     await writer.drain()

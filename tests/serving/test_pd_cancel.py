@@ -139,18 +139,19 @@ async def test_a_cancelled_fetch_keeps_its_slot_until_it_has_stopped() -> None:
 
 
 async def test_a_decoder_gone_mid_send_is_one_info_line_on_the_worker(tmp_path: Path) -> None:
-    # A frame larger than the sockets' buffers (16K tokens of the tiny model: 8 MB), and a decoder that reads its
-    # first bytes and dies: the send fails half way.
-    settings = {**BASE, "max_seq_len": 16384 + 64, "prefill_chunk": 1024, "lanes": 1, "kv_blocks": 2,
+    # A frame larger than the sockets' buffers (32000 tokens of the tiny model: 16 MB, against the worker's 8 MiB
+    # send buffer and the decoder's 64 KiB), and a decoder that reads its first bytes and dies: the send fails.
+    settings = {**BASE, "max_seq_len": 32768, "prefill_chunk": 2048, "lanes": 1, "kv_blocks": 2,
                 "prefix_cache": False}
     worker = spawn(tmp_path, "big-frames", "prefill", settings)
     try:
         await asyncio.to_thread(wait_ready_sync, worker)
-        reader, writer = await open_kv(worker, bytes(i % 200 + 32 for i in range(16384)), "dies-mid-send", 120)
+        reader, writer = await open_kv(worker, bytes(i % 200 + 32 for i in range(32000)), "dies-mid-send", 120,
+                                       receive_buffer=64 << 10)
         assert (await asyncio.wait_for(reader.readexactly(PREFIX.size), 120))[:4] == b"ATKV"  # the send started
         writer.transport.abort()  # the decoder dies (a reset: its unread bytes are dropped)
         m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1, "the send to fail")
-        assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 8 << 20
+        assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 16 << 20
         log = worker.log.read_text()
         assert log.count("event=prefill_send_failed") == 1 and "Traceback" not in log, log[-3000:]
     finally:

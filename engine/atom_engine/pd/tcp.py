@@ -9,8 +9,9 @@ attempt). Cancelling a fetch closes the socket, which is how the worker learns t
 Worker side (:class:`TcpServer`, :class:`TcpConnection`): accept, read one request, and while it is queued or
 computing, watch the socket: end of stream (the decoder closed or died) or no heartbeat for the request's lease
 (the decoder hangs, or its host vanished without a FIN) sets the request's ``gone`` event, which stops the
-prefill before its next chunk and drops the request. The frame is sent with ``sendall`` from the tensors'
-memory in pieces, each bounded by the send timeout; the kernel's socket buffers are the backpressure.
+prefill before its next chunk and drops the request. The frame is sent with ``sendmsg`` straight from the
+tensors' memory; the kernel's socket buffers are the backpressure, and a decoder that takes nothing for the send
+timeout is dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from atom_engine.pd.wire import (
 )
 
 log = logging.getLogger("atom_engine.pd")
-SEND_PIECE = 4 << 20  # each sendall of a frame is bounded by the send timeout; pieces keep that bound meaningful
 SOCKET_BUFFER = 4 << 20  # asked of the kernel for both directions (it may cap it)
 
 
@@ -220,15 +220,33 @@ class TcpConnection:
         return reason
 
     async def send(self, parts: list[memoryview | bytes], timeout: float) -> None:
-        """Write ``parts`` in order, each piece bounded by ``timeout`` (``sent`` counts what went out)."""
+        """Write ``parts`` in order with ``sendmsg`` (one syscall takes all of them while the socket has room, as
+        one ``sendall`` of a contiguous buffer would); a decoder that takes nothing for ``timeout`` seconds is
+        dropped (``sent`` counts what went out)."""
         self.sending = True
-        for part in parts:
-            view = memoryview(part).cast("B")
-            for off in range(0, view.nbytes, SEND_PIECE):
-                piece = view[off : off + SEND_PIECE]
-                async with asyncio.timeout(timeout):
-                    await self.loop.sock_sendall(self.sock, piece)  # from the tensors' memory: no copy
-                self.sent += piece.nbytes
+        views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]  # the tensors' memory: no copy
+        while views:
+            try:
+                n = self.sock.sendmsg(views)
+            except (BlockingIOError, InterruptedError):
+                await self._writable(timeout)
+                continue
+            self.sent += n
+            while n:
+                if n >= views[0].nbytes:
+                    n -= views.pop(0).nbytes
+                else:
+                    views[0], n = views[0][n:], 0
+
+    async def _writable(self, timeout: float) -> None:
+        ready = self.loop.create_future()
+        fd = self.sock.fileno()
+        self.loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            async with asyncio.timeout(timeout):
+                await ready
+        finally:
+            self.loop.remove_writer(fd)
 
     async def send_error(self, status: int, text: str, code: str, timeout: float) -> None:
         """Best effort: a decoder that is gone gets nothing."""

@@ -27,7 +27,8 @@ TOKENS = len(PROMPT) + 1  # byte tokens, with the digit that makes each prompt i
 
 
 def paced_worker(tmp: Path) -> Proc:
-    settings = {**BASE, "lanes": 1, "kv_blocks": 2, "prefix_cache": False}
+    kv_port = free_port()
+    settings = {**BASE, "lanes": 1, "kv_blocks": 2, "prefix_cache": False, "pd_kv_port": kv_port}
     config = tmp / "paced.yaml"
     config.write_text(yaml.safe_dump({_camel(k): v for k, v in settings.items()}))
     port = free_port()
@@ -38,7 +39,7 @@ def paced_worker(tmp: Path) -> Proc:
         stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1", **pacing.env(prefill_ms_per_token=MS_PER_TOKEN)},
     )  # fmt: skip
-    return Proc(proc, port, log)
+    return Proc(proc, port, log, kv_port)
 
 
 @asynccontextmanager

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
+import asyncio
 import pytest
 from atom_engine.batcher import Batcher
 from atom_engine.engine import LLMEngine
@@ -51,11 +51,14 @@ async def test_prefill_worker_loads_computes_and_encodes_in_its_compute_thread(
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen = record_threads(monkeypatch, PrefillWorker, ["__init__", "warm", "compute"])
     seen |= record_threads(monkeypatch, wire, ["encode"])
-    async with in_process("prefill") as (server, url):
-        body = {"request_id": "r1", "prompt_token_ids": [5, 6, 7, 8], "start": 0}
-        async with aiohttp.ClientSession() as s, s.post(f"{url}/v1/kv/prefill", json=body) as r:
-            assert r.status == 200
-            assert len(await r.read()) > 0
+    async with in_process("prefill", pd_kv_port=0) as (server, _url):
+        assert server.kv_server is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.kv_server.port)
+        request = {"request_id": "r1", "prompt_token_ids": [5, 6, 7, 8], "start": 0, "lease_seconds": 10.0}
+        writer.write(wire.message(wire.REQUEST, request))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(len(wire.FRAME)), 60) == wire.FRAME  # the KV frame
+        writer.close()
         compute = server.compute.thread.ident
         assert seen == {"__init__": {compute}, "warm": {compute}, "compute": {compute}, "encode": {compute}}
 

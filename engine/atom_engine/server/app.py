@@ -55,7 +55,7 @@ class EngineServer:
         self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
         self.in_flight = InFlight()
-        self.metrics = ServerMetrics(settings.model_name, lambda: {**self.stats(), **self.in_flight.stats()}, cache)
+        self.metrics = ServerMetrics(settings.model_name, lambda: {**self.in_flight.stats(), **self.stats()}, cache)
 
     # -- what a role provides ---------------------------------------------------------------------
     def handler(self) -> Any | None:
@@ -247,7 +247,10 @@ class PrefillServer(EngineServer):
     def stats(self) -> dict[str, float]:
         if self.worker is None or self.service is None or self.queue is None:
             return {}
-        return {**self.worker.stats(), **self.service.stats(), **self.queue.stats()}
+        service = self.service.stats()
+        # In flight: the HTTP routes' requests and the KV transport's (which no HTTP middleware sees).
+        busy = self.in_flight.count + service["prefill_in_flight"]
+        return {**self.worker.stats(), **service, **self.queue.stats(), "requests_in_flight": busy}
 
 
 def make_server(settings: EngineSettings, role: Role) -> EngineServer:

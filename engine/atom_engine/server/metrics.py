@@ -80,8 +80,8 @@ ATOM = {
     "atom:prefill_leases_expired": ("counter", "prefill_leases_expired", "Requests dropped: their decoder stopped"
                                     " renewing its lease (no heartbeat)."),
     # What an autoscaler reads (atom_engine.server.load, the batcher's arrivals).
-    "atom:requests_in_flight": ("gauge", "requests_in_flight", "Requests on the API routes not yet finished"
-                                " (streams included): 0 is idle."),
+    "atom:requests_in_flight": ("gauge", "requests_in_flight", "Requests not yet finished, on the API"
+                                " routes and the KV transport (streams included): 0 is idle."),
     "atom:arrived_requests": ("counter", "arrived_requests", "Requests queued (at arrival, before a lane)."),
     "atom:arrived_prompt_tokens": ("counter", "arrived_prompt_tokens", "Prompt tokens of queued requests."),
     "atom:pd_waiting_for_kv": ("gauge", "waiting_for_kv", "Lanes held while their prompt's KV is computed remotely."),

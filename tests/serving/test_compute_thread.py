@@ -3,11 +3,11 @@ thread's OpenMP team made every decode step pay a wake-up per parallel region)."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import asyncio
 import pytest
 from atom_engine.batcher import Batcher
 from atom_engine.engine import LLMEngine

@@ -1,4 +1,4 @@
-"""Admission review of AtomDeployments: pure functions, no Kubernetes client, no kopf.
+"""Admission review of AtomDeployments: pure functions, no Kubernetes client.
 
 The refusals are exactly what the CRD's schema and CEL rules refuse (the same models and
 :mod:`atom_operator.api.rules`: the engine's limits and the cluster's rules), so the webhook never contradicts the
@@ -17,7 +17,7 @@ from atom_operator.api.fields import depth
 from atom_operator.npu import DEFAULT_PROFILE, NpuProfile, fusion_refusals, npu_demand, vendor_resources
 
 # Deeper than any valid object (free-form fields stop at 32 levels below their field), shallow enough that
-# nothing downstream, pydantic or kopf's diffing, gets near Python's recursion limit.
+# nothing downstream (pydantic) gets near Python's recursion limit.
 MAX_OBJECT_DEPTH = 64
 
 

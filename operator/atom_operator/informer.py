@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from atom_operator import telemetry
 from atom_operator.kube import Kube, KubeError, TransientError
+from atom_operator.store import trimmed
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, AtomDeployment name)
@@ -90,7 +91,7 @@ class Informer:
             delay = min(RELIST_BACKOFF_MAX, delay * 2)
 
     async def _list(self) -> str:
-        items, version = await self.kube.list(self.kind, self.namespace, self.label_selector)
+        items, version = await self.kube.list(self.kind, self.namespace, self.label_selector, keep=self._keep)
         mine = [(item, key) for item in items if (key := self.owner_of(item)) is not None]
         self._owners = {(b["metadata"].get("namespace", ""), b["metadata"]["name"]): key for b, key in mine}
         self.sink.relisted(Listing(self.kind, self.namespace, mine, version))
@@ -99,6 +100,10 @@ class Informer:
             log.info("informer=%s event=synced objects=%d", self, len(mine))
         self.synced.set()
         return version
+
+    def _keep(self, item: dict[str, Any]) -> dict[str, Any] | None:
+        # Only ours, and without the managedFields no store keeps: a listing is the operator's largest allocation.
+        return trimmed(item) if self.owner_of(item) is not None else None
 
     async def _watch(self, version: str) -> None:
         # The server ends the watch after resync_seconds (jittered, so the informers spread their relists).

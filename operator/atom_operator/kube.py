@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -219,9 +219,17 @@ class Kube:
         return await self._call(f"create {obj['kind']}", self.dynamic.create, self._resources[obj["kind"]], obj)
 
     async def list(
-        self, kind: str, namespace: str | None, label_selector: str | None = None, page: int = 500
+        self,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None = None,
+        page: int = 100,
+        keep: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda item: item,
     ) -> tuple[list[dict[str, Any]], str]:
-        """Every object of ``kind`` (in pages) and the collection's resourceVersion, the point a watch starts from."""
+        """Every object of ``kind`` (in pages) and the collection's resourceVersion, the point a watch starts from.
+
+        ``keep`` makes each item what the caller holds (None: drop it) as its page arrives, so a large listing
+        (every pod, with its managedFields) is never held whole as sent."""
         items: list[dict[str, Any]] = []
         more: str | None = None
         while True:
@@ -235,7 +243,10 @@ class Kube:
                 _continue=more,
             )
             # A list's items carry no apiVersion and kind; give them those of a single object, as a GET has.
-            items.extend({"apiVersion": out.get("apiVersion"), "kind": kind, **i} for i in out.get("items") or [])
+            for i in out.pop("items", None) or []:
+                kept = keep({"apiVersion": out.get("apiVersion"), "kind": kind, **i})
+                if kept is not None:
+                    items.append(kept)
             more = (out.get("metadata") or {}).get("continue")
             if not more:
                 return items, (out.get("metadata") or {}).get("resourceVersion", "")

@@ -14,6 +14,7 @@ answers to our writes; those are emptied at every resync, so a hand deletion the
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -21,6 +22,7 @@ from typing import Any, Generic, TypeVar
 Key = tuple[str, str]  # (namespace, name) of an object, or of the AtomDeployment that owns it
 T = TypeVar("T")
 _ORDERED = re.compile(r"[1-9][0-9]*\Z")
+_INTERNED_LENGTH = 64  # names, labels, images, quantities; not a ConfigMap's settings file
 
 
 def resource_version(body: dict[str, Any]) -> str:
@@ -48,8 +50,21 @@ def newer(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def trimmed(body: dict[str, Any]) -> dict[str, Any]:
-    """An object without its managedFields, which no decision reads and which are often half its size."""
-    return {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
+    """An object as a store keeps it: without its managedFields, which no decision reads and which are often half
+    its size, and its keys and short strings shared with every other object's (:func:`compact`)."""
+    return compact({**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}})
+
+
+def compact(value: Any) -> Any:
+    """``value`` with its keys and short strings interned. Hundreds of children repeat the same keys, labels and
+    images; each parsed event holds its own copies, which a store would keep for as long as the object lives."""
+    if isinstance(value, dict):
+        return {sys.intern(k): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= _INTERNED_LENGTH:
+        return sys.intern(value)
+    return value
 
 
 @dataclass

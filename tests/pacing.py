@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,4 +54,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from atom_engine.cli import exit_process
+
+    exit_process(main())  # the engine's own way out (atom_engine.cli.entrypoint)

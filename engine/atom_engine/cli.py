@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -142,7 +143,21 @@ def entrypoint() -> None:
     from atom_engine.malloc import reexec_with_tcmalloc
 
     reexec_with_tcmalloc()
-    sys.exit(main())
+    exit_process(main())
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process without finalizing the interpreter. The server has closed what it owns by now; a daemon
+    thread (the compute thread, a step that never returned) still inside a torch call when finalization starts is
+    ended in a C++ destructor and aborts the process (``terminate called without an active exception``), turning
+    a clean stop into a crash. So flush the logs and streams, then leave."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tests that run the CLI in process size torch's threads from the allowance, as a pod's process does: the next
+    test gets one thread again (row-count-dependent rounding with two threads would otherwise differ by test order)."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 
 FAKES = str(Path(__file__).resolve().parents[1] / "fakes")
 

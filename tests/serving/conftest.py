@@ -30,6 +30,15 @@ from atom_localcluster.cluster import free_port
 
 torch.set_num_threads(1)  # two shared cores: no spin-waiting torch pools
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The CLI run in process (test_cli) sizes torch's threads from the allowance: later in-process servers get one
+    thread again, as the prefill workers beside them do (OMP_NUM_THREADS=1), so their logprobs agree bit for bit."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_BIN = Path(sys.executable).parent / "atom-engine"
 START_TIMEOUT = 120.0

@@ -140,4 +140,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from atom_engine.cli import exit_process
+
+    exit_process(main(sys.argv[1:]))  # the engine's own way out (atom_engine.cli.entrypoint)

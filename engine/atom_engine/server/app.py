@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from atom_engine.server.engine_loop import AsyncEngine
 
 log = logging.getLogger("atom_engine.server")
+COMPUTE_JOIN_SECONDS = 5.0  # how long cleanup waits for the compute thread to end (it is idle by then)
 Routes = tuple[tuple[str, str, str], ...]  # (method, path, handler name) of the role's component
 
 
@@ -114,6 +115,10 @@ class EngineServer:
             self._load_task.cancel()
         await self.close()
         self.compute.shutdown(wait=False, cancel_futures=True)
+        # Let an idle compute thread end before the interpreter finalizes: a daemon thread that wakes during
+        # finalization is ended inside whatever C++ call it was returning from, and the process aborts. Bounded:
+        # a step that never returns must not keep a dying server alive.
+        await asyncio.to_thread(self.compute.thread.join, COMPUTE_JOIN_SECONDS)
 
     # -- probes and metrics -----------------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:

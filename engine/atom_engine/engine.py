@@ -66,9 +66,11 @@ class LLMEngine:
             speculative_tokens=self.runner.speculative_tokens,
         )
         # Overlapped: a host thread makes a step's outputs while the device runs the next one; only where the
-        # backend has a device of its own (on the cpu backend both would share the same cores). Off, plan, run,
-        # apply and outputs follow each other (Batcher.step).
-        overlap = settings.overlap_scheduling and self.runner.capabilities.devices > 0
+        # backend has a device of its own (on the cpu backend both would share the same cores), and only without
+        # drafts: a stop string inside an accepted draft cuts the request's output, which the running step's
+        # forward may be reading. Off, plan, run, apply and outputs follow each other (Batcher.step).
+        overlap = (settings.overlap_scheduling and self.runner.capabilities.devices > 0
+                   and self.batcher.speculative_tokens == 0)
         self._overlap = OverlappedSteps(self.batcher, self.runner) if overlap else None
         self._step_lock = threading.Lock()
 
@@ -111,6 +113,11 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         with self._step_lock:
             return self.batcher.step() if self._overlap is None else self._overlap.step()
+
+    def close(self) -> None:
+        """Stop the overlapped steps' host thread (after the last step; the engine steps no more)."""
+        if self._overlap is not None:
+            self._overlap.close()
 
     @property
     def capabilities(self) -> Capabilities:

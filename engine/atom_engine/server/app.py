@@ -195,6 +195,8 @@ class OpenAIServer(EngineServer):
     async def close(self) -> None:
         if self.aengine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.aengine.stop)
+        if self.engine is not None and not (self.aengine is not None and self.aengine.alive):
+            self.engine.close()  # not under a loop that is still stepping (a step that never returned)
         if self.client is not None:
             await self.client.close()
 

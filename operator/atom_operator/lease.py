@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from atom_operator.kube import Kube, KubeError, TransientError
@@ -32,6 +33,14 @@ class LeaseSettings:
     duration: float = 15.0
     renew_deadline: float = 10.0
     retry: float = 2.0
+
+
+class Attempt(Enum):
+    """How one attempt on the Lease ended."""
+
+    HELD = "held"  # taken or renewed: this replica holds it
+    OTHER = "other"  # another replica holds it
+    FAILED = "failed"  # no answer in time, a conflict or a refusal: held by whoever held it before
 
 
 def _now() -> str:
@@ -50,19 +59,29 @@ class LeaderElector:
         """Take the Lease (then call ``on_leading``), then keep it; returns when it is lost: the caller must stop
         writing at once."""
         s = self.settings
-        while not await self._try():
+        while True:
+            started = time.monotonic()
+            if await self._attempt(s.renew_deadline) is Attempt.HELD:
+                break
             await asyncio.sleep(s.retry)
         log.info("event=leading lease=%s/%s identity=%s", s.namespace, s.name, s.identity)
         self.leading.set()
         on_leading()
-        renewed = time.monotonic()
+        # Timed from when the attempt began, not when its answer came: the standby times the Lease from when it
+        # sees the renewal, which is after the PUT reached the server, which is after this.
+        renewed = started
         while True:
-            await asyncio.sleep(s.retry)
-            if await self._try():
-                renewed = time.monotonic()
-            elif time.monotonic() - renewed > s.renew_deadline:
-                log.error("event=leadership_lost lease=%s/%s identity=%s", s.namespace, s.name, s.identity)
+            await asyncio.sleep(max(0.0, min(s.retry, renewed + s.renew_deadline - time.monotonic())))
+            started = time.monotonic()
+            outcome = await self._attempt(renewed + s.renew_deadline - started)
+            if outcome is Attempt.HELD:
+                renewed = started
+            elif outcome is Attempt.OTHER or time.monotonic() >= renewed + s.renew_deadline:
                 self.leading.clear()
+                reason = "taken" if outcome is Attempt.OTHER else "renew_deadline"
+                log.error(
+                    "event=leadership_lost lease=%s/%s identity=%s reason=%s", s.namespace, s.name, s.identity, reason
+                )
                 return
 
     async def release(self) -> None:
@@ -71,37 +90,51 @@ class LeaderElector:
             return
         self.leading.clear()
         try:
-            lease = await self.kube.get("Lease", self.settings.namespace, self.settings.name)
-            if lease is not None and lease["spec"].get("holderIdentity") == self.settings.identity:
-                lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_now())
-                await self.kube.replace(lease)
-        except (KubeError, TransientError) as e:
-            log.warning("event=lease_not_released error=%s", e)
+            # Bounded: a stop must not wait on a hung API server; the Lease then expires as after a crash.
+            async with asyncio.timeout(self.settings.renew_deadline):
+                lease = await self.kube.get("Lease", self.settings.namespace, self.settings.name)
+                if lease is not None and lease["spec"].get("holderIdentity") == self.settings.identity:
+                    lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, renewTime=_now())
+                    await self.kube.replace(lease)
+        except (KubeError, TransientError, TimeoutError) as e:
+            log.warning("event=lease_not_released error=%r", e)
 
-    async def _try(self) -> bool:
-        """One attempt to take or renew the Lease; False when another replica holds it or won the race."""
+    async def _attempt(self, within: float) -> Attempt:
+        """One attempt, given up (as FAILED) when it has not ended within ``within`` seconds."""
+        if within <= 0:
+            return Attempt.FAILED
+        try:
+            async with asyncio.timeout(within):
+                return await self._try()
+        except TimeoutError:
+            s = self.settings
+            log.warning("event=lease_attempt_timed_out lease=%s/%s seconds=%.1f", s.namespace, s.name, within)
+            return Attempt.FAILED
+
+    async def _try(self) -> Attempt:
+        """One attempt to take or renew the Lease."""
         s = self.settings
         try:
             lease = await self.kube.get("Lease", s.namespace, s.name)
             now = _now()
             if lease is None:
                 await self.kube.create(self._lease({"acquireTime": now, "renewTime": now, "leaseTransitions": 0}))
-                return True
+                return Attempt.HELD
             spec = lease.setdefault("spec", {})
             holder = spec.get("holderIdentity")
             if holder != s.identity:
                 if holder and not self._expired(holder, spec):
-                    return False
+                    return Attempt.OTHER
                 spec.update(acquireTime=now, leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
             spec.update(holderIdentity=s.identity, leaseDurationSeconds=int(s.duration), renewTime=now)
             await self.kube.replace(lease)
-            return True
+            return Attempt.HELD
         except TransientError as e:  # a conflict (another replica wrote first), or the API server is away
             log.debug("event=lease_attempt_failed error=%s", e)
-            return False
+            return Attempt.FAILED
         except KubeError as e:  # refused: RBAC, say; said, and tried again
             log.warning("event=lease_attempt_failed error=%s", e)
-            return False
+            return Attempt.FAILED
 
     def _expired(self, holder: str, spec: dict[str, Any]) -> bool:
         """Whether ``holder`` has not renewed for its lease's duration, as timed here since its last renewal seen."""

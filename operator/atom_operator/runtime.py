@@ -143,9 +143,9 @@ async def start(config: Settings) -> Runtime:
         async def lead(elector: LeaderElector) -> None:
             await elector.run(on_leading=controller.writing.set)  # returns when the Lease is lost
             controller.writing.clear()
-            await controller.stop_working()  # a reconcile in flight writes nothing more
             if runtime.waiting is not None:
-                runtime.waiting.cancel()  # nor does the autoscaler
+                runtime.waiting.cancel()  # the autoscaler writes nothing more (cancelled before anything is awaited)
+            await controller.stop_working()  # nor does a reconcile in flight
             runtime.lost.set()
 
         runtime.tasks.append(asyncio.create_task(lead(runtime.elector), name="leader-election"))

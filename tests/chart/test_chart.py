@@ -266,11 +266,46 @@ def test_webhook_values_switch_the_operators_webhook(tmp_path: Path) -> None:
     def env_of(values: dict) -> dict[str, str]:
         docs = render_chart(tmp_path, "ops", values)
         container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
-        return {e["name"]: e["value"] for e in container["env"]}
+        return {e["name"]: e.get("value") for e in container["env"]}
 
     assert Settings.from_env(env_of({})).webhook.enabled  # runtime.start serves the webhook then
     off = Settings.from_env(env_of({"webhook": {"enabled": False}})).webhook
     assert not off.enabled
+
+
+def test_each_replica_names_itself_in_the_lease_by_its_pod_name(tmp_path: Path) -> None:
+    """The identity survives a container restart (a leader that exits on a lost Lease takes its own Lease back at
+    once) and names the pod in the audit log's User-Agent."""
+    container = next(d for d in render_chart(tmp_path, "ops", {}) if d["kind"] == "Deployment")["spec"]["template"][
+        "spec"]["containers"][0]  # fmt: skip
+    identity = next(e for e in container["env"] if e["name"] == "ATOM_LEASE_IDENTITY")
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_replicas_prefer_different_nodes_and_the_preference_is_configurable(tmp_path: Path) -> None:
+    def pod_spec(values: dict) -> tuple[dict, dict]:
+        dep = next(d for d in render_chart(tmp_path, "ops", values) if d["kind"] == "Deployment")
+        return dep["spec"]["selector"]["matchLabels"], dep["spec"]["template"]["spec"]
+
+    def spread(values: dict) -> list[dict]:
+        return pod_spec(values)[1]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+
+    selector, spec = pod_spec({})
+    assert list(spec["affinity"]["podAntiAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"]  # soft
+    (term,) = spread({})
+    assert term["podAffinityTerm"] == {"labelSelector": {"matchLabels": selector},  # this release's operator pods
+                                       "topologyKey": "kubernetes.io/hostname"}  # fmt: skip
+    zone = "topology.kubernetes.io/zone"
+    assert spread({"spreadReplicas": {"topologyKey": zone}})[0]["podAffinityTerm"]["topologyKey"] == zone
+    assert "affinity" not in pod_spec({"spreadReplicas": {"enabled": False}})[1]
+    # The user's own anti-affinity replaces the chart's; other affinity is kept beside it.
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "other"}}}
+    own = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    assert pod_spec({"affinity": own})[1]["affinity"] == own
+    nodes = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "a", "operator": "Exists"}]}]}}}  # fmt: skip
+    both = pod_spec({"affinity": nodes})[1]["affinity"]
+    assert both["nodeAffinity"] == nodes["nodeAffinity"] and len(spread({"affinity": nodes})) == 1
 
 
 # ---- refused values ----------------------------------------------------------------------------------------

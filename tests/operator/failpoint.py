@@ -1,13 +1,17 @@
 """Test hook, imported into the operator's process before it starts (:mod:`tests.operator.process` adds it):
-exit right after the n-th successful write into one namespace.
+exit right after the n-th successful write into one namespace, or stop getting answers about the Lease.
 
 ``ATOM_FAILPOINT=exit-after-write:<n>:<namespace>`` lets the tests kill the operator at exact points of a create
-(a SIGKILL from outside could not hit a point between two writes a millisecond apart). The operator's client knows
-nothing of it: its write methods are wrapped here, when this module is imported, before the operator starts.
+(a SIGKILL from outside could not hit a point between two writes a millisecond apart).
+``ATOM_FAILPOINT=hang-lease-after:<n>`` makes every Lease request after the n-th Lease write wait forever, while
+every other request is answered: a leader whose renewals hang (a partition, an overloaded API server) but whose
+writes would still go through. The operator's client knows nothing of either: its methods are wrapped here, when
+this module is imported, before the operator starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
@@ -45,7 +49,34 @@ def install(after: int, namespace: str) -> None:
         setattr(Kube, name, counted(getattr(Kube, name)))
 
 
+def hang_lease(after: int) -> None:
+    written = 0
+
+    def of_lease(call: Any, *args: Any, **kwargs: Any) -> bool:
+        bound = inspect.signature(call).bind(*args, **kwargs).arguments
+        return (bound["obj"]["kind"] if "obj" in bound else bound.get("kind")) == "Lease"
+
+    def hung(call: Any, write: bool) -> Any:
+        @functools.wraps(call)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            nonlocal written
+            if not of_lease(call, *args, **kwargs):
+                return await call(*args, **kwargs)
+            if written >= after:
+                await asyncio.Event().wait()  # no answer, and no error either: only the caller's own bound ends it
+            out = await call(*args, **kwargs)
+            written += write
+            return out
+
+        return wrapper
+
+    for name, write in (("get", False), ("create", True), ("replace", True)):
+        setattr(Kube, name, hung(getattr(Kube, name), write))
+
+
 spec = os.environ.get(ENV, "")
 if spec.startswith("exit-after-write:"):
     _, n, ns = spec.split(":", 2)
     install(int(n), ns)
+elif spec.startswith("hang-lease-after:"):
+    hang_lease(int(spec.split(":", 1)[1]))

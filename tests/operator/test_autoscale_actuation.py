@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from atom_engine.server.metrics import ServerMetrics
+from atom_engine.stats import BatcherStats
 from atom_localcluster.cluster import free_port
 from atom_operator.autoscale import observe
 from atom_operator.autoscale.drain import SETTLE_SECONDS, PodState, plan
@@ -18,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
-def engine_text(**stats: float) -> str:
-    """/metrics as an engine renders it (its own metrics table), for these figures."""
-    return ServerMetrics("m", lambda: dict(stats)).render().decode()
+def engine_text(**batcher: float) -> str:
+    """/metrics as an engine renders it (its own metrics table), for these batcher figures."""
+    return ServerMetrics("m", lambda: [BatcherStats(**batcher)]).render().decode()
 
 
 def test_parse_reads_the_engines_own_format() -> None:
@@ -95,7 +96,7 @@ def test_observations_sum_gauges_and_rate_counters_from_two_scrapes() -> None:
     gone = observe.PodReading("d-d", True, False, None)
     cordoned = _pod("d-e", 0, 10, {}, {observe.RUNNING: 4}, draining=True)
     loading = observe.PodReading("d-f", False, False, None)
-    d = observe.decode_observation(observe.Role(6, [a, b, restarted, gone, cordoned, loading]))
+    d = observe.decode_observation(observe.RoleReading(6, [a, b, restarted, gone, cordoned, loading]))
     assert (d.replicas, d.ready, d.answered, d.draining) == (6, 4, 3, 1)
     assert d.sequences == 3 + 1 + 2 + 1 and d.waiting_for_kv == 1  # the cordoned pod's 4 are not demand
     assert d.arrived_tokens_per_second == pytest.approx(200 + 100)  # the restarted pod gives no rate
@@ -104,7 +105,7 @@ def test_observations_sum_gauges_and_rate_counters_from_two_scrapes() -> None:
     w1 = _pod("p-a", 0, 10, {observe.BUSY: 1, observe.COMPUTED: 0},
               {observe.BUSY: 6, observe.COMPUTED: 2500, observe.TOKENS_WAITING: 300})  # fmt: skip
     w2 = _pod("p-b", 0, 10, {observe.BUSY: 0, observe.COMPUTED: 0}, {observe.BUSY: 5, observe.COMPUTED: 2500})
-    p = observe.prefill_observation(observe.Role(2, [w1, w2]))
+    p = observe.prefill_observation(observe.RoleReading(2, [w1, w2]))
     assert p.busy_seconds_per_second == pytest.approx(1.0) and p.busy_seconds == 10
     assert p.tokens_per_busy_second == pytest.approx(500) and p.waiting_tokens == 300
 

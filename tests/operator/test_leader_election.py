@@ -1,9 +1,12 @@
 """Two operator replicas on one Lease, as the chart runs them: the leader is killed mid-reconcile (a failpoint exits
 it right after a write), the standby takes over within the Lease's duration and converges the children exactly,
-no write of the two overlaps or repeats another, and the standby's webhook answers throughout."""
+no write of the two overlaps or repeats another, and the standby's webhook answers throughout. A leader that loses
+the Lease while it runs (its Lease requests hang, or it reads another holder) exits with code 3 before anyone else
+may lead."""
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from pathlib import Path
@@ -13,6 +16,7 @@ import yaml
 from atom_localcluster.wait import wait_for
 from atom_operator import webhook
 from atom_operator.lease import LeaseSettings
+from atom_operator.main import EXIT_LEASE_LOST
 
 from tests.operator.conftest import atomdeployment
 from tests.operator.process import OperatorProcess
@@ -43,6 +47,12 @@ def child_writes(writes: list[dict]) -> list[tuple[str, str]]:
 def written_by(writes: list[dict], identity: str) -> list[dict]:
     """The writes of one replica: its client names its Lease identity in the user agent."""
     return [w for w in writes if w.get("userAgent", "").endswith(f"/{identity}")]
+
+
+def logged_at(process: OperatorProcess, event: str) -> datetime.datetime:
+    """When the process logged ``event`` first (its log's asctime: both replicas run on this machine's clock)."""
+    line = next(line for line in process.log().splitlines() if event in line)
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 
 
 def test_the_standby_takes_over_a_killed_leader_and_converges_exactly(cluster, op, namespace, tmp_path) -> None:
@@ -137,4 +147,60 @@ def test_a_stopped_leader_hands_the_lease_back_at_once(cluster, op, namespace, t
     finally:
         first.stop()
         second.stop()
+        op.start()
+
+
+def test_a_leader_whose_lease_requests_hang_exits_before_the_standby_leads(cluster, op, namespace, tmp_path) -> None:
+    """Its writes still go through, so only its own renew deadline stops it: each renewal is bounded by the time
+    left before that deadline, not by the client's timeout (which could outlast the Lease)."""
+    op.stop()
+    leader, standby = replica(cluster, tmp_path, "a"), replica(cluster, tmp_path, "b")
+    try:
+        # Every Lease request after the one that took it hangs; the leader reconciles meanwhile.
+        leader.start(ATOM_FAILPOINT="hang-lease-after:1", **lease_env(namespace, "a"))
+        leader.wait_log(r"event=leading", timeout=60)
+        standby.start(**lease_env(namespace, "b"))
+        spec = create(cluster, namespace, **PD)
+        assert leader.wait_exit(timeout=LEASE.duration + 60) == EXIT_LEASE_LOST, leader.log()[-3000:]
+        assert "reason=renew_deadline" in leader.log()
+        standby.wait_log(r"event=leading", timeout=LEASE.duration + 30)
+        assert logged_at(leader, "event=leadership_lost") < logged_at(standby, "event=leading")
+
+        wait_for(lambda: ready(cluster, namespace), "Ready under the new leader")
+        assert_children_exactly(cluster, namespace, spec)
+        writes = standby.writes(namespace)
+        old, new = written_by(writes, "a"), written_by(writes, "b")
+        assert len(old) + len(new) == len(writes)
+        # Only one writer at a time: every write of the new leader began after the last of the old one ended.
+        assert not (old and new) or max(w["stageTimestamp"] for w in old) < min(
+            w["requestReceivedTimestamp"] for w in new)  # fmt: skip
+    finally:
+        leader.stop()
+        standby.stop()
+        op.start()
+
+
+def test_a_leader_that_reads_another_holder_exits_at_once_and_leaves_the_lease_alone(
+    cluster, op, namespace, tmp_path
+) -> None:
+    op.stop()
+    leader = replica(cluster, tmp_path, "a")
+    name = f"ha-{namespace}"
+    try:
+        leader.start(**lease_env(namespace, "a"))
+        leader.wait_log(r"event=leading", timeout=60)
+
+        def take() -> bool:  # at the resourceVersion read: a renewal in between makes it a conflict, tried again
+            lease = cluster.get("lease", name, "-n", LEASE.namespace)
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            lease["spec"].update(holderIdentity="intruder", renewTime=now, leaseDurationSeconds=3600)
+            return cluster.kubectl("replace", "-f", "-", input=yaml.safe_dump(lease), check=False).returncode == 0
+
+        wait_for(take, "the Lease taken by hand")
+        assert leader.wait_exit(timeout=LEASE.renew_deadline + 30) == EXIT_LEASE_LOST, leader.log()[-3000:]
+        # At its next read, not at its renew deadline; and it did not write the Lease back.
+        assert "reason=taken" in leader.log()
+        assert cluster.get("lease", name, "-n", LEASE.namespace)["spec"]["holderIdentity"] == "intruder"
+    finally:
+        leader.stop()
         op.start()

@@ -21,12 +21,11 @@ import aiohttp
 from pydantic import ValidationError
 
 from atom_operator.api import GROUP, AtomDeployment, AtomDeploymentSpec
-from atom_operator.autoscale import drain, metrics, observe
+from atom_operator.autoscale import drain, observe, telemetry
 from atom_operator.autoscale.decision import Decision, State, decide
 from atom_operator.autoscale.policy import policy
-from atom_operator.autoscale.scrape import Sample, scrape
-from atom_operator.children.meta import ACCEPTING, ROLES, Owner, workload_name
-from atom_operator.children.meta import WorkloadRole as Role
+from atom_operator.autoscale.scrape import CONCURRENCY, Sample, scrape
+from atom_operator.children.meta import ACCEPTING, ROLES, Owner, WorkloadRole, workload_name
 from atom_operator.kube import Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -37,11 +36,10 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_COST = str(-(2**31))  # the ReplicaSet removes the lowest cost first
 METRICS_PORT = 9090  # the pods' metrics port (children/workload.py)
 TICK_SECONDS = 1.0
-SCRAPE_CONCURRENCY = 64  # pods scraped at once across every deployment (and the connection pool's size)
 UNCORDONED = {"labels": {ACCEPTING: "true"}, "annotations": {DRAINING_SINCE: None, DELETION_COST: None}}
 
 
-def with_replicas(owner: Owner, replicas: Mapping[Role, int] | None) -> Owner:
+def with_replicas(owner: Owner, replicas: Mapping[WorkloadRole, int] | None) -> Owner:
     """``owner`` with each role's replicas as the autoscaler set them (unchanged without)."""
     if not replicas:
         return owner
@@ -95,8 +93,8 @@ def _rfc3339(t: float) -> str:
 @dataclass
 class _Tracked:
     state: State = field(default_factory=State)
-    replicas: dict[Role, int] = field(default_factory=dict)  # what the Deployments are to carry
-    desired: dict[Role, int] = field(default_factory=dict)  # the last decision
+    replicas: dict[WorkloadRole, int] = field(default_factory=dict)  # what the Deployments are to carry
+    desired: dict[WorkloadRole, int] = field(default_factory=dict)  # the last decision
     decided_at: float = float("-inf")
     samples: dict[str, Sample] = field(default_factory=dict)  # pod -> its last scrape
     drains: set[str] = field(default_factory=set)
@@ -133,7 +131,7 @@ class Autoscaler:
                 self.event("Pod", None, body, key)
 
     # ---- the reconciler's question -------------------------------------------------------------------------
-    def replicas(self, key: Key) -> dict[Role, int] | None:
+    def replicas(self, key: Key) -> dict[WorkloadRole, int] | None:
         """Each role's count for the children: the autoscaler's; before its first step, what the Deployments have
         (a spec change must not lower them past the drain, e.g. an HPA's write in External mode)."""
         tracked = self.tracked.get(key)
@@ -151,8 +149,8 @@ class Autoscaler:
 
     # ---- the loop ------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SCRAPE_CONCURRENCY))
-        self._gate = asyncio.Semaphore(SCRAPE_CONCURRENCY)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY))
+        self._gate = asyncio.Semaphore(CONCURRENCY)
         try:
             while True:
                 started = time.monotonic()
@@ -196,18 +194,23 @@ class Autoscaler:
         tracked = self.tracked.setdefault(key, _Tracked())
         a = spec.autoscaling
         assert a is not None
-        roles: list[Role] = [r for r in ROLES if r == "decode" or spec.prefill.replicas > 0 or a.prefill is not None]
+        roles = [r for r in ROLES if r == "decode" or spec.prefill.replicas > 0 or a.prefill is not None]
         now = self.clock()
         current = {role: self._current(key, spec, role, tracked) for role in roles}
+        due = now - tracked.decided_at >= a.interval_seconds
+        draining = any(p.cordoned_since is not None or p.cost_applied for p in pods.values())
+        moving = any(tracked.desired.get(role, current[role]) != current[role] for role in roles)
+        if not (due or draining or moving):
+            return  # between decisions and with no drain to follow, the pods are scraped once an interval
         ready = {p.name: p for p in pods.values() if p.ready and p.ip}
         urls = {n: f"http://{p.ip}:{self.port}/metrics" for n, p in ready.items()}
         assert self._session is not None
         began = time.monotonic()
         found = await scrape(self._session, urls, gate=self._gate)
-        metrics.SCRAPE_SECONDS.observe(time.monotonic() - began)
-        metrics.SCRAPE_ERRORS.inc(sum(s is None for s in found.values()))
+        telemetry.SCRAPE_SECONDS.observe(time.monotonic() - began)
+        telemetry.SCRAPE_ERRORS.inc(sum(s is None for s in found.values()))
         readings = {
-            role: observe.Role(
+            role: observe.RoleReading(
                 current[role],
                 [observe.PodReading(p.name, p.name in ready, p.cordoned_since is not None, found.get(p.name),
                                     tracked.samples.get(p.name)) for p in pods.values() if p.role == role],  # fmt: skip
@@ -215,7 +218,7 @@ class Autoscaler:
             )
             for role in roles
         }
-        if now - tracked.decided_at >= a.interval_seconds:
+        if due:
             tracked.samples = {n: s for n, s in found.items() if s is not None}
             external = spec.decode.replicas if a.mode == "External" else None
             obs = observe.observations(readings["decode"], readings.get("prefill"), external)
@@ -242,7 +245,7 @@ class Autoscaler:
         if changed:
             self.enqueue(key)
 
-    def _current(self, key: Key, spec: AtomDeploymentSpec, role: Role, tracked: _Tracked) -> int:
+    def _current(self, key: Key, spec: AtomDeploymentSpec, role: WorkloadRole, tracked: _Tracked) -> int:
         if role in tracked.replicas:
             return tracked.replicas[role]
         # After a start: what the Deployment has (a drain or a decision of the last run), else the spec's count.
@@ -251,7 +254,7 @@ class Autoscaler:
             return int(deployment["spec"]["replicas"])
         return getattr(spec, role).replicas
 
-    def _rolling_out(self, key: Key, role: Role) -> bool:
+    def _rolling_out(self, key: Key, role: WorkloadRole) -> bool:
         deployment = self.deployment(key[0], f"{key[1]}-{role}")
         status = (deployment or {}).get("status") or {}
         return status.get("updatedReplicas", 0) < status.get("replicas", 0)
@@ -270,7 +273,7 @@ class Autoscaler:
         for p in pods:
             await self._patch_pod(key[0], p.name, UNCORDONED)
 
-    async def _act(self, key: Key, body: dict[str, Any], role: Role, step: drain.Plan, now: float) -> None:
+    async def _act(self, key: Key, body: dict[str, Any], role: WorkloadRole, step: drain.Plan, now: float) -> None:
         ns = key[0]
         tracked = self.tracked[key]
         for name in step.cordon:
@@ -285,7 +288,7 @@ class Autoscaler:
             await self._patch_pod(ns, name, {"annotations": {DELETION_COST: LOWEST_COST}})
             since = self.pods.get(key, {}).get(name)
             if since is not None and since.cordoned_since is not None:
-                metrics.DRAIN_SECONDS.labels(role).observe(max(0.0, now - since.cordoned_since))
+                telemetry.DRAIN_SECONDS.labels(role).observe(max(0.0, now - since.cordoned_since))
             timed_out = name in step.timed_out
             await self._event(body, "DrainTimedOut" if timed_out else "DrainFinished",
                               f"{role} pod {name} {'still busy after the drain timeout' if timed_out else 'idle'};"
@@ -296,12 +299,12 @@ class Autoscaler:
         for role, r in (("decode", d.decode), ("prefill", d.prefill)):
             if r is None:
                 continue
-            metrics.DESIRED.labels(*key, role).set(r.desired)
-            metrics.RECOMMENDED.labels(*key, role).set(r.recommended)
+            telemetry.DESIRED.labels(*key, role).set(r.desired)
+            telemetry.RECOMMENDED.labels(*key, role).set(r.recommended)
             if r.load is not None:
-                metrics.DEMAND.labels(*key, role).set(r.load)
+                telemetry.DEMAND.labels(*key, role).set(r.load)
             direction = "up" if r.desired > r.current else "down" if r.desired < r.current else "none"
-            metrics.DECISIONS.labels(role, direction).inc()
+            telemetry.DECISIONS.labels(role, direction).inc()
 
     async def _post_status(self, key: Key, d: Decision, now: float) -> None:
         tracked = self.tracked[key]

@@ -35,7 +35,9 @@ class PodReading:
 
 
 @dataclass(frozen=True)
-class Role:
+class RoleReading:
+    """One role's pods as read this interval, and the Deployment's target (its role is the caller's key)."""
+
     replicas: int  # the Deployment's target, pods not yet Ready included
     pods: Sequence[PodReading]
     rolling_out: bool = False
@@ -57,11 +59,11 @@ def _delta(pod: PodReading, name: str) -> float | None:
     return None if delta < 0 else delta
 
 
-def _serving(role: Role) -> list[PodReading]:
+def _serving(role: RoleReading) -> list[PodReading]:
     return [p for p in role.pods if p.ready and not p.draining]
 
 
-def _counts(role: Role) -> dict[str, int]:
+def _counts(role: RoleReading) -> dict[str, int]:
     serving = _serving(role)
     return {
         "replicas": role.replicas,
@@ -76,7 +78,7 @@ def _sum_rates(pods: list[PodReading], name: str) -> float | None:
     return sum(rates) if rates else None
 
 
-def decode_observation(role: Role) -> DecodeObservation:
+def decode_observation(role: RoleReading) -> DecodeObservation:
     answered = [p for p in _serving(role) if p.sample is not None]
     return DecodeObservation(
         **_counts(role),
@@ -88,7 +90,7 @@ def decode_observation(role: Role) -> DecodeObservation:
     )
 
 
-def prefill_observation(role: Role) -> PrefillObservation:
+def prefill_observation(role: RoleReading) -> PrefillObservation:
     answered = [p for p in _serving(role) if p.sample is not None]
     busy = [d for p in answered if (d := _delta(p, BUSY)) is not None]
     computed = [d for p in answered if (d := _delta(p, COMPUTED)) is not None]
@@ -103,7 +105,7 @@ def prefill_observation(role: Role) -> PrefillObservation:
     )
 
 
-def observations(decode: Role, prefill: Role | None, external_decode: int | None = None) -> Observations:
+def observations(decode: RoleReading, prefill: RoleReading | None, external_decode: int | None = None) -> Observations:
     return Observations(
         decode_observation(decode),
         prefill_observation(prefill) if prefill is not None else None,

@@ -1,4 +1,4 @@
-"""The autoscaler's own metrics, on the operator's registry (its /metrics)."""
+"""The autoscaler's own metrics, on the operator's registry (:mod:`atom_operator.telemetry`: its /metrics)."""
 
 from __future__ import annotations
 

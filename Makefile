@@ -100,7 +100,7 @@ bench-threads: venv model ## SmolLM2 in a cgroup with a 1- and 2-CPU CFS quota, 
 	$(PY) benchmarks/bench_threads.py
 
 .PHONY: bench-pd
-bench-pd: venv ## PD: KV transport GB/s vs a plain socket (tiny, SmolLM2; 1K-16K tokens), TTFT PD vs standalone; writes benchmarks/results/pd.md
+bench-pd: venv model ## PD: KV transport GB/s vs a plain socket (tiny, SmolLM2; 1K-16K tokens), TTFT PD vs standalone; writes benchmarks/results/pd.md
 	$(PY) benchmarks/bench_pd.py
 
 .PHONY: bench-structured

@@ -25,9 +25,8 @@ import aiohttp
 from atom_operator.api import AtomDeploymentSpec
 from atom_operator.autoscale import observe
 from atom_operator.autoscale.decision import State, decide
-from atom_operator.autoscale.loop import SCRAPE_CONCURRENCY
 from atom_operator.autoscale.policy import policy
-from atom_operator.autoscale.scrape import scrape
+from atom_operator.autoscale.scrape import CONCURRENCY, scrape
 
 OUT = Path(__file__).parent / "results" / "autoscaling-scrape.md"
 DEPLOYMENTS, PODS, PERIOD, PORT = 100, 4, 5.0, 9090
@@ -36,15 +35,16 @@ SERVER = """
 import asyncio, random, sys
 from aiohttp import web
 from atom_engine.server.metrics import ServerMetrics
+from atom_engine.stats import BatcherStats, InFlightStats
 n = int(sys.argv[1])
 async def main():
     for i in range(n):
         counters = {"arrived": 0}
         def stats(c=counters):
             c["arrived"] += random.randint(0, 5)
-            return {"running": random.randint(0, 4), "waiting": random.randint(0, 2), "idle": 0,
-                    "arrived_requests": c["arrived"], "arrived_prompt_tokens": 200 * c["arrived"],
-                    "waiting_for_kv": 0, "requests_in_flight": 1}
+            return [BatcherStats(running=random.randint(0, 4), waiting=random.randint(0, 2), idle=0,
+                                 arrived_requests=c["arrived"], arrived_prompt_tokens=200 * c["arrived"]),
+                    InFlightStats(requests_in_flight=1)]
         m = ServerMetrics("m", stats)
         app = web.Application()
         app.router.add_get("/metrics", lambda _r, m=m: web.Response(body=m.render()))
@@ -78,8 +78,8 @@ async def rounds(count: int, work: bool) -> tuple[list[float], float]:
     scrapes: list[float] = []
     failed = [0]
     began_cpu = cpu()
-    gate = asyncio.Semaphore(SCRAPE_CONCURRENCY)
-    connector = aiohttp.TCPConnector(limit=SCRAPE_CONCURRENCY)
+    gate = asyncio.Semaphore(CONCURRENCY)
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(d: int) -> None:
@@ -88,7 +88,7 @@ async def rounds(count: int, work: bool) -> tuple[list[float], float]:
             found = await scrape(session, urls, gate=gate)
             scrapes.append(time.monotonic() - began)
             failed[0] += sum(v is None for v in found.values())
-            role = observe.Role(PODS, [observe.PodReading(n, True, False, s, previous[d].get(n))
+            role = observe.RoleReading(PODS, [observe.PodReading(n, True, False, s, previous[d].get(n))
                                        for n, s in found.items()])  # fmt: skip
             previous[d] = {n: s for n, s in found.items() if s is not None}
             states[d] = decide(observe.observations(role, None), states[d], p, time.time()).state
@@ -125,7 +125,7 @@ def main() -> None:
         "# Autoscaling: the loop's own cost at fleet scale (`make bench-autoscale-scrape`)",
         "",
         f"{DEPLOYMENTS} autoscaled deployments x {PODS} pods (one server process on {DEPLOYMENTS * PODS} loopback"
-        f" addresses, each answering with an engine's own /metrics rendering), scraped ({SCRAPE_CONCURRENCY} at once,"
+        f" addresses, each answering with an engine's own /metrics rendering), scraped ({CONCURRENCY} at once,"
         " as the operator's loop) and decided every"
         f" {PERIOD:.0f} s by the operator's scrape, observe and decide; {args.rounds} rounds. A shared 2-core"
         " machine: figures are noisy, and the 400 fake pods share one process, whose rendering bounds the scrape"

@@ -38,6 +38,7 @@ from atom_engine.output_processor import OutputProcessor, Pending
 from atom_engine.plan_executor import Runner, execute
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
 from atom_engine.speculation import Drafter
+from atom_engine.stats import BatcherCounters, BatcherStats
 from atom_engine.step_plan import Admission, Chunk, DecodeBatch, Import, StepPlan, StepResult
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,7 @@ class Batcher:
         self._ended: list[Pending] = []  # decided while planning (cancels, refused admissions)
         self._unreleased: list[Sequence] = []  # ended while a step that holds their blocks runs (see process)
         self.last_plan: StepPlan = StepPlan()
-        self.counters = {
-            "prompt_tokens": 0, "generation_tokens": 0, "prefill_tokens_computed": 0, "cached_prompt_tokens": 0,
-            "steps": 0, "decode_steps": 0, "prefill_chunks": 0, "requests_finished": 0, "requests_failed": 0,
-            "requests_cancelled": 0, "draft_tokens": 0, "draft_tokens_accepted": 0,
-            "arrived_requests": 0, "arrived_prompt_tokens": 0,  # at enqueue: an autoscaler's demand, not served
-        }
+        self.counters = BatcherCounters()
 
     # -- requests --------------------------------------------------------------------------------
     def add(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
@@ -102,8 +98,8 @@ class Batcher:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
             self.outputs.add(seq)
             self.waiting.append(seq)
-            self.counters["arrived_requests"] += 1
-            self.counters["arrived_prompt_tokens"] += len(prompt)
+            self.counters.arrived_requests += 1
+            self.counters.arrived_prompt_tokens += len(prompt)
         return seq
 
     def cancel(self, request_id: str) -> None:
@@ -119,12 +115,13 @@ class Batcher:
     def running(self) -> list[Sequence]:
         return [s for s in self.lanes if s is not None]
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> BatcherStats:
         """The counters, the queue and the lanes, and whether the batcher is idle."""
-        prefix_queried = self.counters["prompt_tokens"] if self.kv.prefix_cache else 0
-        return {**self.counters, "waiting": len(self.waiting), "running": len(self.running()),
-                "prefix_query_tokens": prefix_queried, "idle": 0.0 if self.has_work() else 1.0,
-                "waiting_for_kv": sum(s.status is Status.PREFILL for s in self.running()) if self.connector else 0}
+        prefix_queried = self.counters.prompt_tokens if self.kv.prefix_cache else 0
+        return BatcherStats(**self.counters, waiting=len(self.waiting), running=len(self.running()),
+                            prefix_query_tokens=prefix_queried, idle=0.0 if self.has_work() else 1.0,
+                            waiting_for_kv=sum(s.status is Status.PREFILL for s in self.running())
+                            if self.connector else 0)
 
     # -- the step --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -135,7 +132,7 @@ class Batcher:
     def schedule(self) -> StepPlan:
         """Decide the step: cancels (ended now), admissions into free lanes, each prefilling lane's next chunk
         (or its connector's import, once arrived), and the decode batch of the lanes that decode."""
-        self.counters["steps"] += 1
+        self.counters.steps += 1
         self._apply_cancels()
         admissions = self._admit()
         prefilling = [s for s in self.running() if s.status is Status.PREFILL]
@@ -220,11 +217,11 @@ class Batcher:
                 continue
             seq.lane = lane
             self.lanes[lane] = seq
-            self.counters["prompt_tokens"] += len(seq.prompt)
+            self.counters.prompt_tokens += len(seq.prompt)
             seq.block = alloc.block
             if alloc.source is not None:  # the copy runs with the plan; the source stays pinned until then
                 seq.computed = seq.cached_tokens = alloc.cached_len
-                self.counters["cached_prompt_tokens"] += alloc.cached_len
+                self.counters.cached_prompt_tokens += alloc.cached_len
             seq.status = Status.PREFILL
             admissions.append(Admission(seq, alloc.block, alloc.source, alloc.cached_len if alloc.source else 0))
         return admissions
@@ -233,7 +230,7 @@ class Batcher:
         """A request whose admission failed: it held the lane for this step (as an admitted one), then fails."""
         seq.lane = lane
         self.lanes[lane] = seq
-        self.counters["prompt_tokens"] += len(seq.prompt)
+        self.counters.prompt_tokens += len(seq.prompt)
         self._fail(seq, exc, self._ended)
 
     def _allocate(self, seq: Sequence) -> Allocation:
@@ -296,8 +293,8 @@ class Batcher:
             self._fail(seq, token, out)
             return
         seq.computed += len(c.tokens)
-        self.counters["prefill_chunks"] += 1
-        self.counters["prefill_tokens_computed"] += len(c.tokens)
+        self.counters.prefill_chunks += 1
+        self.counters.prefill_tokens_computed += len(c.tokens)
         if c.last:
             seq.status = Status.DECODE
             self._append(seq, token, out)
@@ -316,7 +313,7 @@ class Batcher:
         self._append(seq, token, out)
 
     def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[Pending]) -> None:
-        self.counters["decode_steps"] += 1
+        self.counters.decode_steps += 1
         for seq, draft, new in zip(batch.lanes, result.drafts, result.decode, strict=True):
             if seq is None or seq.finished:
                 continue
@@ -324,8 +321,8 @@ class Batcher:
                 self._fail(seq, new if isinstance(new, Exception) else RuntimeError("the runner returned no token"),
                            out)
                 continue
-            self.counters["draft_tokens"] += len(draft)
-            self.counters["draft_tokens_accepted"] += len(new) - 1
+            self.counters.draft_tokens += len(draft)
+            self.counters.draft_tokens_accepted += len(new) - 1
             if draft:
                 assert seq.drafter is not None  # it made the draft
                 seq.drafter.kept(len(draft), len(new) - 1)
@@ -367,7 +364,7 @@ class Batcher:
             dropped = len(seq.output) - (p.at + 1)
             if dropped:  # a stop string inside an accepted draft: the rest of the draft is not output
                 del seq.output[p.at + 1 :]
-                self.counters["generation_tokens"] -= dropped
+                self.counters.generation_tokens -= dropped
                 if not seq.finished:
                     seq.computed -= dropped
             if not seq.finished:
@@ -389,7 +386,7 @@ class Batcher:
             self._fail(seq, RuntimeError("the runner returned no token"), out)
             return
         seq.output.append(token)
-        self.counters["generation_tokens"] += 1
+        self.counters.generation_tokens += 1
         ended = self.outputs.token_stop(seq, token)
         if ended is not None:
             seq.stop_reason = ended[1]
@@ -408,9 +405,12 @@ class Batcher:
         the block) when the next step is applied."""
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        key = {FinishReason.ERROR: "requests_failed", FinishReason.CANCELLED: "requests_cancelled"}.get(
-            reason, "requests_finished")
-        self.counters[key] += 1
+        if reason is FinishReason.ERROR:
+            self.counters.requests_failed += 1
+        elif reason is FinishReason.CANCELLED:
+            self.counters.requests_cancelled += 1
+        else:
+            self.counters.requests_finished += 1
         if release:
             self._release(seq)
         else:

@@ -9,8 +9,9 @@ the batcher's KV connector (:mod:`atom_engine.kv_connector`), the KV moving thro
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,10 @@ from atom_engine.model_stack import ModelStack
 from atom_engine.overlap import OverlappedSteps
 from atom_engine.sequence import SamplingParams, Sequence, StepOutput
 from atom_engine.settings import EngineSettings
+from atom_engine.stats import EngineStats, KVStats
+
+if TYPE_CHECKING:
+    from atom_engine.pd.connectors import PrefillPool
 
 
 @dataclass(frozen=True)
@@ -38,10 +43,16 @@ class RequestOutput:
 
 
 class LLMEngine:
-    def __init__(self, settings: EngineSettings, connector: KVConnector | None = None) -> None:
-        """``connector``: where prompt KV comes from instead of local prefill, required when localPrefill is
-        false (PD's decode side, :class:`atom_engine.pd.remote.RemoteConnector`: the batcher never prefills
-        locally but imports the KV that prefill workers ship)."""
+    def __init__(self, settings: EngineSettings, connector: KVConnector | None = None, *,
+                 prefill_pool: PrefillPool | None = None) -> None:
+        """``prefill_pool``: PD's decode side, how to reach the prefill workers; the engine builds the KV connector
+        its settings ask for with it (:mod:`atom_engine.pd.connectors`: remote-only, where the batcher never
+        prefills locally but imports the KV that workers ship, or selective). ``connector``: a connector built
+        elsewhere instead (tests, other transports). One of them is required when localPrefill is false."""
+        if connector is None and prefill_pool is not None:
+            from atom_engine.pd.connectors import build_connector
+
+            connector = build_connector(settings, prefill_pool)
         # EngineSettings validates on construction; check again for settings built without validation.
         limits.check(settings.view(), scope="engine")
         if error := limits.role_backend_error("decode", settings.backend):  # an LLMEngine decodes
@@ -114,6 +125,11 @@ class LLMEngine:
         with self._step_lock:
             return self.batcher.step() if self._overlap is None else self._overlap.step()
 
+    def set_wakeup(self, wakeup: Callable[[], None]) -> None:
+        """How the KV connector (if any) wakes the serving layer's loop when a shipment arrives."""
+        if self.connector is not None:
+            self.connector.set_wakeup(wakeup)
+
     def close(self) -> None:
         """Stop the overlapped steps' host thread (after the last step; the engine steps no more)."""
         if self._overlap is not None:
@@ -150,12 +166,18 @@ class LLMEngine:
         return [self.output(s) for s in seqs]
 
     # -- observability ---------------------------------------------------------------------------
+    def figures(self) -> list[object]:
+        """Each component's own stats object: the KV blocks', the batcher's, the engine's (runner and threads)
+        and the connector's (what /metrics reads by attribute, :mod:`atom_engine.stats`)."""
+        out: list[object] = [
+            KVStats(**self.kv.stats()),  # a key the KV blocks rename is a TypeError here, at the first scrape
+            self.batcher.stats(),
+            EngineStats(forward_seconds=self.runner.forward_seconds, cpu_threads=torch.get_num_threads()),
+        ]
+        if self.connector is not None:
+            out.append(self.connector.stats())
+        return out
+
     def stats(self) -> dict[str, float]:
-        """Each component's own figures: the KV blocks', the batcher's, the runner's and the connector's."""
-        return {
-            **self.kv.stats(),
-            **self.batcher.stats(),
-            "forward_seconds": self.runner.forward_seconds,
-            "cpu_threads": torch.get_num_threads(),
-            **(self.connector.stats() if self.connector is not None else {}),
-        }
+        """:meth:`figures` as one mapping by field name (for in-process callers: tests, benchmarks)."""
+        return {name: value for figure in self.figures() for name, value in asdict(figure).items()}

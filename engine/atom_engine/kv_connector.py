@@ -71,5 +71,6 @@ class KVConnector(Protocol):
     def busy(self) -> bool:
         """Holds a transfer or a slot: the engine is not idle."""
 
-    def stats(self) -> dict[str, float]:
-        """The connector's own counters and gauges."""
+    def stats(self) -> object:
+        """The connector's own counters and gauges: a stats dataclass (:mod:`atom_engine.stats`), which /metrics
+        reads by attribute."""

@@ -32,8 +32,8 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
         if seq.sampler_state is None:
             gen = torch.Generator()
             gen.manual_seed(p.seed if p.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            seq.sampler_state = gen
-        token = int(torch.multinomial(probabilities(shaped, p), 1, generator=seq.sampler_state))
+            seq.sampler_state = SeededDraws(gen)
+        token = int(torch.multinomial(probabilities(shaped, p), 1, generator=seq.sampler_state.at(len(seq.output))))
     if p.grammar is not None:
         seq.constraint.accept(token)
     if p.logprobs is not None:
@@ -41,6 +41,27 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
         del seq.logprobs[len(seq.output):]
         seq.logprobs.append(token_logprobs(torch.log_softmax(logits.to(torch.float32), dim=-1), token, p.logprobs))
     return token
+
+
+class SeededDraws:
+    """A request's generator, rewound when the same output position is drawn again: a batch that failed is retried
+    lane by lane, and a lane that had drawn in the failed batch must draw what it would have drawn, so a seeded
+    request's output never depends on another request's failure."""
+
+    __slots__ = ("generator", "_position", "_before")
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self._position = -1  # the output position of the last draw
+        self._before: torch.Tensor | None = None  # the generator's state before it
+
+    def at(self, position: int) -> torch.Generator:
+        """The generator for a draw at ``position`` (a repeated position draws again from the same state)."""
+        if position == self._position and self._before is not None:
+            self.generator.set_state(self._before)
+        else:
+            self._position, self._before = position, self.generator.get_state()
+        return self.generator
 
 
 def shape_logits(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:

@@ -133,7 +133,7 @@ class Sequence:
     eos_token_id: int | None = None  # the model's, for min_tokens (set by the batcher)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked
     prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None first), when asked
-    sampler_state: Any = None  # owned by the runner (e.g. a seeded torch.Generator); the batcher never reads it
+    sampler_state: Any = None  # owned by the sampler (sampling.SeededDraws); the batcher never reads it
     text: str | None = None  # the final output text, set when the request ends (with a tokenizer)
     output_done: bool = False  # its last StepOutput was made
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)

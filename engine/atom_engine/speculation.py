@@ -58,9 +58,9 @@ class PromptLookup:
 
 class Drafter:
     """One greedy request's drafts: its n-gram index, and how far to guess. A request that repeats itself drafts
-    up to the cap; one whose drafts miss drafts one token, so it stops paying for rows the step throws away. On
-    SmolLM2's benchmark outputs (float32), capped at 5: the lane-steps of a fixed 4 (781 vs 787) with the rejected
-    rows of a fixed 3 (357 vs 352)."""
+    up to the cap; one whose drafts miss drafts one token, so it stops paying for rows the step throws away. Capped
+    at 5, it takes about the lane-steps of a fixed 4 with about the rejected rows of a fixed 3
+    (benchmarks/results/measured-in-place.md)."""
 
     def __init__(self) -> None:
         self.lookup = PromptLookup()
@@ -80,8 +80,8 @@ def _continue(copied: list[int], k: int) -> list[int]:
     """Extend a draft copied from the text's end as the copy itself goes on: a match ``p`` tokens back copies
     only ``p`` tokens before it reaches the end, and the text's next ``p`` tokens, if it keeps repeating, are the
     ones just copied. So ``x y x y`` (match of ``x y`` 2 back) drafts ``x y x y ...``, not just ``x y``. On the
-    benchmark's SmolLM2 outputs this cuts a lane's steps at 4 drafted tokens by a quarter (1,038 -> 787 lane-steps,
-    float32) at about as many rejected rows."""
+    benchmark's SmolLM2 outputs this cuts a lane's steps at 4 drafted tokens markedly at about as many rejected rows
+    (benchmarks/results/measured-in-place.md)."""
     period = len(copied)  # the copy reached the end after this many tokens (else it already has k)
     while 0 < len(copied) < k:
         copied.append(copied[len(copied) - period])

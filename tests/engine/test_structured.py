@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 
 import jsonschema
 import pytest
 import torch
 from atom_engine.engine import LLMEngine
 from atom_engine.sampling import sample, verify_draft
-from atom_engine.sequence import SamplingParams, Sequence
+from atom_engine.sequence import FinishReason, SamplingParams, Sequence
 from atom_engine.settings import EngineSettings
-from atom_engine.structured.compiler import GrammarError, Grammars
+from atom_engine.structured.compiler import Grammar, GrammarError, Grammars
 from atom_engine.structured.spec import GrammarSpec
 
 SETTINGS = dict(lanes=3, kv_blocks=6, max_seq_len=256, prefill_chunk=64, prefix_cache=True)
@@ -76,6 +77,83 @@ def test_invalid_sources_raise_grammar_error_without_the_cxx_location() -> None:
     with pytest.raises(GrammarError) as info:
         g.compile(GrammarSpec("regex", "(a"))
     assert not re.search(r"\.cc:\d+", str(info.value)) and "parenthesis" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", [TypeError, KeyError, IndexError, MemoryError])
+def test_any_error_xgrammar_raises_on_a_source_is_a_grammar_error(kind: type[Exception],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """tvm_ffi raises a C++ error as the Python type of its kind (tvm_ffi/error.py), not only RuntimeError."""
+    import xgrammar
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise kind("[12:00:00] /project/cpp/json_schema_converter.cc:1: the schema is too deep")
+
+    monkeypatch.setattr(xgrammar.Grammar, "from_json_schema", refuse)
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    with pytest.raises(GrammarError, match="^the schema is too deep$"):
+        grammars(engine).compile(GrammarSpec.json_schema(SCHEMA))
+
+
+def test_a_failure_of_the_engines_own_steps_is_not_a_grammar_error() -> None:
+    engine = LLMEngine(EngineSettings(**SETTINGS))
+    with pytest.raises(ValueError) as info:  # a spec GrammarSpec.choice never makes: an engine bug, so a 500
+        grammars(engine).compile(GrammarSpec("choice", "not json"))
+    assert not isinstance(info.value, GrammarError)
+
+
+def _with_a_failing_matcher(failing: str, params: Callable[[Grammar, Grammar], list[SamplingParams]]
+                            ) -> tuple[dict[bool, list[tuple[list[int], FinishReason | None]]], int]:
+    """Each request's output and finish, served with and without the victim grammar's matcher raising at its
+    fourth token (taking it, or filling its mask); and the victim's index in ``params(victim, other)``."""
+    from atom_engine.structured.constraint import Constraint
+
+    class Failing(Constraint):
+        def accept(self, token: int) -> None:
+            if failing == "accept" and self.accepted == 3:
+                raise RuntimeError("the matcher failed")
+            super().accept(token)
+
+        def prepare(self, done: int) -> None:
+            if failing == "prepare" and done == 3:
+                raise RuntimeError("the matcher failed")
+            super().prepare(done)
+
+    outs, at = {}, -1
+    for fail in (False, True):
+        engine = LLMEngine(EngineSettings(**{**SETTINGS, "lanes": 4, "kv_blocks": 7}))
+        g = grammars(engine)
+        victim, other = g.compile(GrammarSpec("regex", "[a-z]{20}")), g.compile(GrammarSpec.json_schema(SCHEMA))
+        if fail:
+            victim.constraint = lambda v=victim: Failing(v.compiled, v.vocab_size)  # type: ignore[method-assign]
+        batch = params(victim, other)
+        at = next(i for i, p in enumerate(batch) if p.grammar is victim)
+        seqs = [engine.add_request(p, sp) for p, sp in zip(["ab", "cd", "ef", "gh"], batch, strict=True)]
+        while not all(s.finished for s in seqs):
+            engine.step()
+        outs[fail] = [(list(s.output), s.finish_reason) for s in seqs]
+        engine.kv.check_invariant()
+        if fail:
+            assert seqs[at].finish_reason is FinishReason.ERROR and "the matcher failed" in (seqs[at].error or "")
+            assert len(seqs[at].output) == 3
+    return outs, at
+
+
+@pytest.mark.parametrize("failing", ["accept", "prepare"])
+def test_a_grammar_lane_whose_matcher_fails_fails_alone_and_the_other_lanes_are_exact(failing: str) -> None:
+    """The matcher raising mid-decode fails that request only: the failed batch is retried lane by lane, and
+    every other lane (free or with a grammar, greedy or seeded) gives what it gives when nothing fails."""
+    outs, at = _with_a_failing_matcher(failing, lambda victim, other: [
+        SamplingParams(max_tokens=30), SamplingParams(max_tokens=30, grammar=victim),
+        SamplingParams(max_tokens=30, temperature=1.0, seed=3, grammar=other),
+        SamplingParams(max_tokens=30, temperature=1.0, seed=7)])
+    assert outs[True][:at] + outs[True][at + 1:] == outs[False][:at] + outs[False][at + 1:]
+
+
+def test_a_seeded_lane_sampled_before_a_failing_grammar_lane_is_exact() -> None:
+    outs, at = _with_a_failing_matcher("accept", lambda victim, other: [
+        SamplingParams(max_tokens=30, temperature=1.0, seed=7), SamplingParams(max_tokens=30, grammar=victim),
+        SamplingParams(max_tokens=30), SamplingParams(max_tokens=30)])
+    assert outs[True][:at] + outs[True][at + 1:] == outs[False][:at] + outs[False][at + 1:]
 
 
 def test_with_speculation_grammar_lanes_draft_and_give_what_they_give_without() -> None:

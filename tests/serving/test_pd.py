@@ -157,6 +157,23 @@ async def test_a_worker_that_does_not_answer_in_time_gives_503_and_frees_everyth
         assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
 
 
+async def test_a_request_a_worker_refuses_gets_that_4xx_without_a_retry_and_the_pool_stays_closed(
+        prefill_pair: list[Proc]) -> None:
+    # The workers run maxSeqLen 512; this decode pod admits longer prompts, which a worker refuses (its 400).
+    prompt = "a prompt too long for the workers " * 20
+    assert 512 < len(prompt) < 1024
+    async with in_process("decode", **decode_settings(prefill_pair, False, max_seq_len=1024)) as (_s, url):
+        with pytest.raises(openai.APIStatusError) as info:
+            await client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+        assert info.value.status_code == 400 and info.value.body["code"] == "invalid_request"
+        assert "maxSeqLen is 512" in info.value.body["message"]
+        m = await wait_metrics(url, idle, "idle")
+        assert m["atom:pd_fetch_attempts_total"] == 1 and m["atom:pd_fetch_retries_total"] == 0  # one worker asked
+        assert m["atom:pd_fetch_failures_total"] == 0 and m["atom:pd_breaker_state"] == 0
+        assert_no_block_leaked(m)
+        assert await complete_all(url, PROMPTS[:2]) == reference_tokens(PROMPTS[:2], MAX_TOKENS)
+
+
 async def open_kv(worker: Proc, prompt: bytes, request_id: str, lease: float = 10.0, receive_buffer: int = 0
                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A decoder's connection to a worker's KV port, its request sent (and no heartbeat ever); with

@@ -14,7 +14,15 @@ import pytest
 import pytest_asyncio
 
 from tests.serving.conftest import MODEL, assert_no_block_leaked, client, idle, in_process, scrape, wait_metrics
-from tests.serving.test_tools import SCHEMAS, TOOLS, hermes, hermes_path, post  # noqa: F401 (fixtures)
+from tests.serving.test_tools import (  # noqa: F401 (fixtures)
+    ORPHAN_RESULT,
+    SCHEMAS,
+    TOOLS,
+    hermes,
+    hermes_path,
+    post,
+    strict,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]  # the Responses API's tool shape
@@ -129,6 +137,25 @@ async def test_bad_requests_are_400_in_openai_shape(tiny: str, body: dict, param
     assert_no_block_leaked(await wait_metrics(tiny, idle, "idle"))
 
 
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("conversation", "conv_123", "keeps no conversations"),
+    ("conversation", {"id": "conv_123"}, "keeps no conversations"),
+    ("prompt", {"id": "pmpt_123", "variables": {"city": "Paris"}}, "keeps no prompt templates"),
+])
+async def test_input_kept_on_openais_side_is_refused_naming_the_field(tiny: str, field: str, value: object,
+                                                                      needle: str) -> None:
+    status, out = await post(tiny, "/v1/responses", {"model": MODEL, "input": "x", field: value})
+    assert status == 400, out
+    err = out["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == field and needle in err["message"], err
+
+
+async def test_conversation_and_prompt_left_null_are_served(tiny: str) -> None:
+    status, out = await post(tiny, "/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 1,
+                                                     "store": False, "conversation": None, "prompt": None})
+    assert status == 200, out
+
+
 async def test_function_tools_called_whole_and_streamed_then_answered(hermes: str) -> None:  # noqa: F811
     c = client(hermes)
     args = dict(model=MODEL, input="Weather in Paris?", tools=FLAT_TOOLS, tool_choice="required",
@@ -164,3 +191,13 @@ async def test_a_client_leaving_mid_stream_frees_its_lane_and_block(tiny: str) -
     m = await wait_metrics(tiny, lambda m: m["atom:requests_cancelled_total"]
                            == before["atom:requests_cancelled_total"] + 1 and idle(m), "the cancel")
     assert_no_block_leaked(m)
+
+
+async def test_an_input_the_template_refuses_is_a_400_naming_input(strict: str) -> None:  # noqa: F811
+    orphan = [{"role": "user", "content": "Weather in Paris?"},
+              {"type": "function_call_output", "call_id": "call_1", "output": "21 degrees"}]
+    status, out = await post(strict, "/v1/responses", {"model": MODEL, "input": orphan, "tools": FLAT_TOOLS})
+    assert status == 400, out
+    err = out["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == "input", err
+    assert err["message"].startswith("input: ") and ORPHAN_RESULT in err["message"], err

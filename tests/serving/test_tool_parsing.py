@@ -45,3 +45,24 @@ def test_a_stream_without_calls_is_its_text_and_an_unclosed_call_is_text_at_the_
     assert ts.feed("b>", False) == (" <b>", [])
     assert ts.feed(" <tool_call>{", False) == ("", [])
     assert ts.feed("", True) == (" <tool_call>{", [])
+
+
+def test_without_parallel_calls_only_the_first_call_is_returned() -> None:
+    content, calls = parse_tool_calls(TEXT + "\nDone.", parallel=False)
+    assert content == parse_tool_calls(TEXT + "\nDone.")[0]  # the dropped call's text is not content either
+    assert "get_time" not in content
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_without_parallel_calls_a_stream_gives_the_first_call_as_the_whole_text_does(step: int) -> None:
+    text = TEXT + "\nDone."
+    ts, content, calls = ToolStream(parallel=False), "", []
+    pieces = [text[i : i + step] for i in range(0, len(text), step)]
+    for k, piece in enumerate(pieces):
+        sent, new = ts.feed(piece, k == len(pieces) - 1)
+        content += sent
+        calls += new
+    whole_content, whole_calls = parse_tool_calls(text, parallel=False)
+    assert content == whole_content and [c["index"] for c in calls] == [0]
+    assert [c["function"] for c in calls] == [c["function"] for c in whole_calls]

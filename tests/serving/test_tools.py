@@ -30,6 +30,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": CLOCK}}]
 SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
 ASK = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Weather in Paris?"}]
+# A Hermes template that checks the history as real ones do (Qwen3's, Mistral's): raise_exception on a bad order.
+ORPHAN_RESULT = "a tool message must follow an assistant message with tool calls"
+STRICT = ("{%- for message in messages %}{%- if message.role == 'tool' and (loop.first or loop.previtem.role not in"
+          " ('assistant', 'tool')) %}{{ raise_exception('" + ORPHAN_RESULT + "') }}{%- endif %}{%- endfor %}"
+          + HERMES)
+ORPHAN = [*ASK, {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
 
 
 def checkpoint(tmp: Path, template: str) -> Path:
@@ -134,6 +140,31 @@ async def test_auto_leaves_the_text_free_and_answers_in_content(hermes: str) -> 
     assert ch.message.tool_calls is None and ch.finish_reason in ("stop", "length") and ch.message.content
 
 
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parallel_tool_calls_false_under_auto_returns_only_the_first_call(hermes: str, stream: bool) -> None:
+    """auto leaves the text free; a one-option choice makes the model write two calls."""
+    names = {}
+    for parallel in (True, False):
+        out = await client(hermes).chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS, max_tokens=200, parallel_tool_calls=parallel, stream=stream,
+            extra_body={"structured_outputs": {"choice": [TWO_CALLS]}})
+        if stream:
+            calls, finish = [], None
+            async for chunk in out:
+                for ch in chunk.choices:
+                    calls += ch.delta.tool_calls or []
+                    finish = ch.finish_reason or finish
+        else:
+            calls, finish = out.choices[0].message.tool_calls, out.choices[0].finish_reason
+        assert finish == "tool_calls"
+        names[parallel] = [c.function.name for c in calls]
+    assert names == {True: ["get_weather", "get_time"], False: ["get_weather"]}
+
+
 async def test_calls_and_results_are_carried_back_into_the_prompt(hermes: str, hermes_path: Path) -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                              "arguments": '{"city": "Paris", "unit": "C"}'}}
@@ -168,6 +199,31 @@ async def test_calls_and_results_are_carried_back_into_the_prompt(hermes: str, h
 async def test_bad_tool_requests_are_400_naming_the_field(hermes: str, body: dict, param: str, needle: str) -> None:
     status, out = await post(hermes, "/v1/chat/completions", {"model": MODEL, "messages": ASK, **body})
     assert status == 400 and out["error"]["param"] == param and needle in out["error"]["message"], out
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def strict(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    path = checkpoint(tmp_path_factory.mktemp("strict"), STRICT)
+    async with in_process("standalone", model_source=str(path), lanes=1, kv_blocks=2, prefix_cache=False,
+                          max_seq_len=1024) as (_s, url):
+        yield url
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+async def test_a_history_the_template_refuses_is_a_400_with_its_message(strict: str, path: str) -> None:
+    status, out = await post(strict, path, {"model": MODEL, "messages": ORPHAN, "tools": TOOLS})
+    assert status == 400, out
+    assert set(out["error"]) == {"message", "type", "param", "code"}
+    assert out["error"]["type"] == "invalid_request_error" and out["error"]["param"] == "messages"
+    assert ORPHAN_RESULT in out["error"]["message"]
+
+
+async def test_a_tool_result_after_its_call_passes_the_templates_check(strict: str) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}, ORPHAN[-1]]
+    status, out = await post(strict, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": TOOLS,
+                                                              "max_tokens": 1})
+    assert status == 200, out
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

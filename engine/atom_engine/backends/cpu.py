@@ -60,7 +60,8 @@ class CpuBackend:
         """A speculative decode step: ``[lanes, T]`` tokens per lane (its last token and its draft, padded with
         tokens that write into the scratch block); the logits ``[N, vocab]`` of the N real tokens, lane by lane
         in order (pads and empty lanes have none: they are never computed, and a padded ``[lanes, T, vocab]``
-        would cost a zero fill and a copy of 2-9 MB a step). The real tokens go through the model flat."""
+        would cost a zero fill and a copy of the whole padded tensor a step, benchmarks/results/measured-in-place.md).
+        The real tokens go through the model flat."""
         real = slots != SCRATCH_BLOCK  # pads and empty lanes write into the scratch block
         counts = real.sum(dim=1).tolist()
         active = [i for i, c in enumerate(counts) if c]

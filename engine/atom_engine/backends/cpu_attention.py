@@ -23,9 +23,9 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """A few query tokens per row (``q``: [B, H, T, D], T = 1 for plain decode) over [B, KVH, S, D]: the H / KVH
     query heads that share a KV head go in as that head's queries (``[B, KVH, H / KVH * T, D]``, the order
     ``enable_gqa`` pairs them in; ``mask`` then has a row per head and token), so the kernel reads each KV head once
-    and no KV is repeated. The same sums as SDPA with ``enable_gqa``; on SmolLM2's decode (8 rows x 260 positions,
-    9 / 3 heads, one thread) 240 us a layer against 400 us in float32, and 310 us against 2.9 ms in bfloat16, whose
-    GQA path is not vectorised. Prefill (long T) gains nothing this way."""
+    and no KV is repeated. The same sums as SDPA with ``enable_gqa``, faster on decode in float32 and far faster in
+    bfloat16, whose GQA path is not vectorised (benchmarks/results/measured-in-place.md). Prefill (long T) gains
+    nothing this way."""
     b, h, t, d = q.shape
     kvh = keys.shape[1]
     out = F.scaled_dot_product_attention(q.reshape(b, kvh, h // kvh * t, d), keys, values, attn_mask=mask)
@@ -63,9 +63,9 @@ class BlockSpan:
     blocks ``lo..hi`` cut to the longest row (no KV copied) serves every row at once. Each row's queries go to its
     own block; a mask hides the positions past each query's own (a row's later tokens, its block's stale tail);
     blocks of the span that no row holds (free or cached) get a copy of some row's queries and their output is
-    dropped. One attention call per layer instead of one per row: on the benchmark's 8 lanes of 200-300 tokens one
-    call takes about 90 us against 8 x 18 us row by row, and the decode step about 8 % less time. A speculative
-    step (a few tokens per row, :mod:`atom_engine.speculation`) spans the same way."""
+    dropped. One attention call per layer instead of one per row: the call costs less than the rows' calls together,
+    and the decode step is shorter (benchmarks/results/measured-in-place.md). A speculative step (a few tokens per
+    row, :mod:`atom_engine.speculation`) spans the same way."""
 
     # A span of at most twice as many blocks as rows; wider, the padded work would grow past the calls saved (a
     # judgement: only spans of full 8-lane batches were measured).

@@ -17,7 +17,14 @@ is safe because a prefill has no side effect on the decode side (nothing is impo
 has been checked); the bounds keep a sick or absent pool a clear 503 rather than an endless wait. The pool's
 :class:`~atom_engine.pd.breaker.CircuitBreaker` makes that wait one window from the pool's first failure for
 every request, not one per request (and fails fetches at once while open, until a probe finds a worker that
-answers).
+answers). Once the pool has failed, the whole fetch, the attempt under way included, ends by that window's end;
+until then an attempt has the transport's timeouts (a healthy prefill may take up to the response timeout, the
+worker's queue included), so a worker that accepts connections and never answers is found by the response
+timeout, and every request then ends within one window of it.
+
+A worker that refuses the request itself (a 4xx on the KV transport: the prompt is too long for it, its token
+ids are out of its range) says nothing about the pool: the refusal is not retried on another worker (any would
+refuse it), does not count against the breaker, and reaches the client as :class:`PrefillRefused`, that 4xx.
 """
 
 from __future__ import annotations
@@ -28,13 +35,14 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 
-from atom_engine.errors import KVUnavailable
+from atom_engine.errors import KVRefused, KVUnavailable
 from atom_engine.pd.breaker import CircuitBreaker
 from atom_engine.pd.tcp import TcpTransport
-from atom_engine.pd.transport import KVTransport, PrefillRequest, Timeouts, WorkerFailed
+from atom_engine.pd.transport import KVTransport, PrefillRequest, Timeouts, WorkerFailed, WorkerRefused
 from atom_engine.pd.wire import Expect, Shipment
+from atom_engine.stats import ClientStats
 
 log = logging.getLogger("atom_engine.pd")
 
@@ -45,13 +53,8 @@ class PrefillUnavailable(KVUnavailable):
     """No prefill worker produced the KV (HTTP 503 for the request)."""
 
 
-@dataclass
-class ClientStats:
-    """The client's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
-
-    pd_attempts: int = 0
-    pd_retries: int = 0
-    pd_failures: int = 0
+class PrefillRefused(KVRefused):
+    """A prefill worker refused the request itself (its 4xx, passed on to the client)."""
 
 
 async def resolve_host(host: str, port: int) -> list[str]:
@@ -92,11 +95,11 @@ class PrefillClient:
         self._failed_at: dict[str, float] = {}
         self._turn = itertools.count()
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> ClientStats:
+        """The fetch counters (``stats``), the transport's bytes and time, and the breaker."""
         moved = self.transport.stats
-        return {**asdict(self.stats), "pd_bytes_received": moved.bytes_received,
-                "pd_transfer_seconds": moved.transfer_seconds, "pd_breaker_state": int(self.breaker.state),
-                "pd_breaker_transitions": self.breaker.transitions}
+        return replace(self.stats, pd_bytes_received=moved.bytes_received, pd_transfer_seconds=moved.transfer_seconds,
+                       pd_breaker_state=int(self.breaker.state), pd_breaker_transitions=self.breaker.transitions)
 
     async def start(self) -> None:
         pass  # connections are the transport's, made per fetch
@@ -143,51 +146,76 @@ class PrefillClient:
         start = breaker.clock()
         delay = self.backoff
         attempt = 0
-        while len(failed) < self.attempts:
-            if breaker.rejecting:  # another fetch found the pool gone meanwhile
-                raise PrefillUnavailable(breaker.unavailable_text())
-            deadline = breaker.deadline(start)  # shortened once a failing window opens
-            addresses = await self.addresses(force=attempt > 0)
-            address = self.pick(addresses, failed | unanswered)
-            if address is None:
-                if addresses and set(addresses) <= failed:
-                    break  # every known worker answered this request with a failure
-                # None is known or none answered: a rollout or a restart; wait for one, within the bound.
-                left = deadline - breaker.clock()
-                if left <= 0:
-                    breaker.gave_up(deadline)
-                    break
-                await asyncio.sleep(min(delay, left))
-                delay = min(delay * 2, self.max_backoff)
-                unanswered.clear()
-                continue
-            if attempt:
-                self.stats.pd_retries += 1
-            attempt += 1
-            try:
-                # While the pool is failing, an attempt may not outlast the failing window (a hung pool).
-                bound = None if breaker.failing_since is None else max(0.0, deadline - breaker.clock())
-                try:
-                    async with asyncio.timeout(bound):
+        asking: str | None = None  # the worker of the attempt under way
+        first_failure: float | None = None  # when this fetch's first attempt failed (breaker clock)
+        try:
+            # Once any fetch has failed, the whole fetch (resolving, attempts under way, backoff) ends by the
+            # failing window's end: a pool that fails or hangs is a 503 one window after its first failure for
+            # every request, not one window per lane in waves.
+            async with breaker.bounded():
+                while len(failed) < self.attempts:
+                    if breaker.rejecting:  # another fetch found the pool gone meanwhile
+                        raise PrefillUnavailable(breaker.unavailable_text())
+                    addresses = await self.addresses(force=attempt > 0)
+                    address = self.pick(addresses, failed | unanswered)
+                    if address is None:
+                        if addresses and set(addresses) <= failed:
+                            break  # every known worker answered this request with a failure
+                        # None is known or none answered: a rollout or a restart; wait for one, within the bound.
+                        deadline = breaker.deadline(start)
+                        left = deadline - breaker.clock()
+                        if left <= 0:
+                            breaker.gave_up(deadline, first_failure)
+                            break
+                        await asyncio.sleep(min(delay, left))
+                        delay = min(delay * 2, self.max_backoff)
+                        unanswered.clear()
+                        continue
+                    if attempt:
+                        self.stats.pd_retries += 1
+                    attempt += 1
+                    asking = address
+                    try:
                         ship = await self._fetch_from(address, expect, prompt, buffer)
-                except TimeoutError as exc:
-                    raise self._fail("no shipment by the end of the pool's failing window"
-                                     f" ({self.unavailable_wait:g}s)") from exc
-            except WorkerFailed as exc:
-                self._failed_at[address] = time.monotonic()
-                errors[address] = str(exc)
-                (unanswered if exc.unanswered else failed).add(address)
-                breaker.failure(f"{address}: {exc}")
-                log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d answered=%s error=%s",
-                            expect.request_id, address, attempt, not exc.unanswered, exc)
-                continue
-            breaker.success()
-            return ship
+                    except WorkerRefused as exc:
+                        # The request itself is bad (the worker's 4xx): any worker would refuse it, and the pool
+                        # is as healthy as before, so no retry, no failure counted, and the client gets the 4xx.
+                        log.info("event=prefill_refused request_id=%s worker=%s status=%d error=%s",
+                                 expect.request_id, address, exc.status, exc)
+                        raise PrefillRefused(str(exc), status=exc.status, code=exc.code) from exc
+                    except WorkerFailed as exc:
+                        asking = None
+                        self._failed(address, str(exc), exc.unanswered, attempt, expect, failed, unanswered, errors)
+                        first_failure = breaker.last_failure if first_failure is None else first_failure
+                        continue
+                    breaker.success()
+                    return ship
+        except TimeoutError:
+            # First the window (when this was its end, the pool failed for a whole window: open), then the
+            # attempt's own failure (when it was the pool's first, a window opens from it).
+            breaker.gave_up(breaker.deadline(start), first_failure)
+            if asking is not None:  # the attempt under way ran into the deadline: that worker failed it
+                self.stats.pd_failures += 1
+                why = (f"no shipment within pdUnavailableWaitSeconds ({self.unavailable_wait:g}s) of the pool's first"
+                       " failure")
+                self._failed(asking, why, False, attempt, expect, failed, unanswered, errors)
+        if not errors and breaker.rejecting:  # began as the window ran out: the pool's story, not this fetch's
+            raise PrefillUnavailable(breaker.unavailable_text())
         if not errors:
             raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}"
                                      f" (waited {breaker.clock() - start:.1f}s)")
         raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): "
                                  + "; ".join(f"{a}: {e}" for a, e in errors.items()))
+
+    def _failed(self, address: str, error: str, unanswered_: bool, attempt: int, expect: Expect,
+                failed: set[str], unanswered: set[str], errors: dict[str, str]) -> None:
+        """One attempt failed: the worker is avoided for a while, and the pool's breaker hears of it."""
+        self._failed_at[address] = time.monotonic()
+        errors[address] = error
+        (unanswered if unanswered_ else failed).add(address)
+        self.breaker.failure(f"{address}: {error}")
+        log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d answered=%s error=%s",
+                    expect.request_id, address, attempt, not unanswered_, error)
 
     async def probe(self) -> bool:
         """Whether some worker of the pool answers (the breaker's half-open probe)."""

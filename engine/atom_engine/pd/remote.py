@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from atom_engine.kv_blocks import Allocation, KVBlocks, SourceSlots
@@ -35,6 +35,7 @@ from atom_engine.kv_connector import LoadedKV
 from atom_engine.pd.client import PrefillClient
 from atom_engine.pd.wire import Expect, Shipment
 from atom_engine.sequence import FinishReason, Sequence, Status
+from atom_engine.stats import RemoteStats
 
 log = logging.getLogger("atom_engine.pd")
 
@@ -144,10 +145,7 @@ class RemoteConnector:
         self._imports: dict[str, tuple[Transfer, Shipment]] = {}  # handed to the lane, its slot still held
         self.prefetch_id: str | None = None  # at most one prefetch; held until imported or its producer is done
         self._slot_lock = threading.Lock()  # slots and prefetch_id: released from the event loop's thread too
-        self.counters = {
-            "remote_prefills": 0, "remote_prefill_tokens": 0, "kv_bytes_imported": 0, "prefetch_started": 0,
-            "prefetch_hits": 0, "prefetch_cancelled": 0, "prefetch_failed": 0, "prefetch_cached_tokens": 0,
-        }
+        self.counters = RemoteStats()  # the counters; the gauges (slots, prefetch) are read in stats()
 
     def ships(self, seq: Sequence) -> bool:
         return True  # remote-only: every prompt's KV comes from a worker
@@ -172,10 +170,10 @@ class RemoteConnector:
         t = self.transfers.get(self.prefetch_id or "")
         return t is not None and t.prefetched and t.future.done()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> RemoteStats:
         with self._slot_lock:
             held = self.slots.held()
-        return {**self.counters, "slots_held": held, "prefetch_ready": 1.0 if self.prefetch_ready() else 0.0}
+        return replace(self.counters, slots_held=held, prefetch_ready=1.0 if self.prefetch_ready() else 0.0)
 
     def _reserve(self, request_id: str) -> int | None:
         with self._slot_lock:
@@ -185,7 +183,7 @@ class RemoteConnector:
                prefetched: bool = False, source: int | None = None) -> Transfer:
         t = self.transfers[seq_id] = Transfer(slot, start, prefetched=prefetched, source=source)
         t.fetch = self.remote.submit(seq_id, prompt, start, slot, lambda: self._let_go(seq_id, t), prompt_logprobs)
-        self.counters["remote_prefills"] += 1
+        self.counters.remote_prefills += 1
         return t
 
     def _let_go(self, request_id: str, t: Transfer) -> None:
@@ -234,13 +232,16 @@ class RemoteConnector:
     def release(self, seq: Sequence, ok: bool) -> None:
         t, ship = self._imports.pop(seq.id)
         if ok:
-            self.counters["remote_prefill_tokens"] += len(ship.token_ids)
-            self.counters["kv_bytes_imported"] += ship.payload_bytes
+            self.counters.remote_prefill_tokens += len(ship.token_ids)
+            self.counters.kv_bytes_imported += ship.payload_bytes
         self._release(seq.id, t, ok=ok)
 
     def _release(self, request_id: str, t: Transfer, *, ok: bool) -> None:
         if t.prefetched:
-            self.counters["prefetch_hits" if ok else "prefetch_failed"] += 1
+            if ok:
+                self.counters.prefetch_hits += 1
+            else:
+                self.counters.prefetch_failed += 1
         self._let_go(request_id, t)  # the slot is free only now, after the import
 
     def request_finished(self, seq: Sequence, reason: FinishReason) -> None:
@@ -254,7 +255,10 @@ class RemoteConnector:
             self.kv.unpin(t.source)
             t.source = None
         if t.prefetched:
-            self.counters["prefetch_cancelled" if reason is FinishReason.CANCELLED else "prefetch_failed"] += 1
+            if reason is FinishReason.CANCELLED:
+                self.counters.prefetch_cancelled += 1
+            else:
+                self.counters.prefetch_failed += 1
         t.fetch.cancel()  # closes its connection: the worker stops computing or sending it
         self._let_go(seq.id, t)  # the slot waits for the producer to stop writing into it
 
@@ -279,6 +283,6 @@ class RemoteConnector:
         with self._slot_lock:
             self.prefetch_id = head.id
         self._start(head.id, head.prompt, start, slot, head.params.prompt_logprobs, prefetched=True, source=source)
-        self.counters["prefetch_started"] += 1
-        self.counters["prefetch_cached_tokens"] += start
+        self.counters.prefetch_started += 1
+        self.counters.prefetch_cached_tokens += start
         log.info("event=prefetch_started request_id=%s cached_tokens=%d", head.id, start)

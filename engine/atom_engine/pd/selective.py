@@ -4,20 +4,27 @@ from wherever it is cheapest (as llm-d's prefix-based PD decider and Dynamo's co
 A lane's prompt is prefilled by a worker when its uncached suffix (after the prefix-cache copy) has at least
 ``remotePrefillMinTokens`` tokens and the pool's circuit breaker is closed; a short suffix costs less to compute
 here than to ship, and with the pool down the decode pod serves on by itself instead of answering 503. The choice
-is made once per request, when its lane first asks. Remote-only pods (``localPrefill: false``) use the
-:class:`~atom_engine.pd.remote.RemoteConnector` alone, as before.
+is made once per request, when its lane first asks; a prompt sent to a worker whose fetch fails (the pool's first
+failing window, before the breaker opens) is prefilled here after all. Remote-only pods (``localPrefill: false``)
+use the :class:`~atom_engine.pd.remote.RemoteConnector` alone, as before.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
+from atom_engine.errors import KVUnavailable
 from atom_engine.kv_blocks import Allocation, KVBlocks
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.pd.breaker import CircuitBreaker
 from atom_engine.pd.remote import RemoteConnector
 from atom_engine.sequence import FinishReason, Sequence
+from atom_engine.stats import SelectiveStats
+
+log = logging.getLogger("atom_engine.pd")
 
 
 def prefill_remotely(uncached_tokens: int, min_tokens: int, pool_rejecting: bool) -> bool:
@@ -34,7 +41,7 @@ class SelectiveConnector:
             raise ValueError("B1 prefetch runs remote-only (localPrefill false); selective PD never prefetches")
         self.remote_connector, self.breaker, self.min_tokens = remote, breaker, min_tokens
         self._choice: dict[str, bool] = {}  # request id -> prefilled by a worker
-        self.counters = {"selective_local_prefills": 0}
+        self.local_prefills = 0  # prompts this connector left to the batcher's local prefill
 
     def ships(self, seq: Sequence) -> bool:
         choice = self._choice.get(seq.id)
@@ -42,7 +49,7 @@ class SelectiveConnector:
             choice = self._choice[seq.id] = prefill_remotely(len(seq.prompt) - seq.computed, self.min_tokens,
                                                              self.breaker.rejecting)
             if not choice:
-                self.counters["selective_local_prefills"] += 1
+                self.local_prefills += 1
         return choice
 
     def bind(self, kv: KVBlocks, model: Any) -> None:
@@ -55,7 +62,17 @@ class SelectiveConnector:
         return None  # never a prefetch
 
     def poll(self, seq: Sequence) -> LoadedKV | None:
-        return self.remote_connector.poll(seq)
+        try:
+            return self.remote_connector.poll(seq)
+        except KVUnavailable as exc:
+            # The pool failed this prompt (its first failing window, or every worker it tried failed it): a pod
+            # that may prefill serves it here rather than answer 503. Its lane and block are as the prefix-cache
+            # copy left them (nothing of a failed fetch is imported), so local prefill goes on from there. A
+            # worker's refusal of the request itself (KVRefused) is passed on: the client gets that 4xx.
+            log.warning("event=selective_local_fallback request_id=%s error=%s", seq.id, exc)
+            self._choice[seq.id] = False
+            self.local_prefills += 1
+            return None
 
     def release(self, seq: Sequence, ok: bool) -> None:
         self.remote_connector.release(seq, ok)
@@ -70,5 +87,5 @@ class SelectiveConnector:
     def busy(self) -> bool:
         return self.remote_connector.busy()
 
-    def stats(self) -> dict[str, float]:
-        return {**self.remote_connector.stats(), **self.counters}
+    def stats(self) -> SelectiveStats:
+        return SelectiveStats(**asdict(self.remote_connector.stats()), selective_local_prefills=self.local_prefills)

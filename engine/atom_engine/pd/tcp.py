@@ -25,7 +25,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from atom_engine.pd.transport import PrefillRequest, Timeouts, TransferStats, WorkerFailed
+from atom_engine.pd.transport import (
+    PrefillRequest,
+    Timeouts,
+    TransferStats,
+    WorkerFailed,
+    WorkerRefused,
+    refuses_the_request,
+)
 from atom_engine.pd.wire import (
     ERROR,
     FRAME,
@@ -115,8 +122,12 @@ class TcpTransport:
                 kind, header = await read_message(reader, (FRAME, ERROR))
                 if kind == ERROR:
                     status = header.get("status")
+                    text = f"HTTP {status}: {str(header.get('message'))[:300]}"
+                    if refuses_the_request(status):
+                        code = header.get("code")
+                        raise WorkerRefused(text, status=status, code=code if isinstance(code, str) else None)
                     # 503: the worker is draining (or not serving yet) and did nothing: as good as not there.
-                    raise WorkerFailed(f"HTTP {status}: {str(header.get('message'))[:300]}", unanswered=status == 503)
+                    raise WorkerFailed(text, unanswered=status == 503)
                 ship = await read_frame(reader, expect, buffer, header)
             self.stats.transfer_seconds += time.perf_counter() - reader.started_at
             return ship

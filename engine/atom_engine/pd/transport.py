@@ -30,6 +30,21 @@ class WorkerFailed(RuntimeError):
         self.unanswered = unanswered
 
 
+class WorkerRefused(Exception):
+    """The worker refused the request itself (its status is a 4xx): the request is bad, the worker is fine.
+    Not a :class:`WorkerFailed`, so no retry and no breaker failure can come of it by mistake."""
+
+    def __init__(self, message: str, *, status: int, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def refuses_the_request(status: object) -> bool:
+    """A worker's error status that is about the request, not the worker: a 4xx other than a timeout (408) or
+    being too busy (429), which another worker or a later try may not meet."""
+    return type(status) is int and 400 <= status < 500 and status not in (408, 429)
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 3.0
@@ -69,7 +84,8 @@ class KVTransport(Protocol):
     async def fetch(self, address: str, request: PrefillRequest, expect: Expect, buffer: bytearray | None
                     ) -> Shipment:
         """The frame for ``request`` from the worker at ``address``, checked against ``expect``, its payload in
-        ``buffer``. Raises :class:`WorkerFailed` (``unanswered`` when the worker never answered). Cancelling it
+        ``buffer``. Raises :class:`WorkerFailed` (``unanswered`` when the worker never answered), or
+        :class:`WorkerRefused` when the worker refused the request itself. Cancelling it
         ends the transfer and tells the worker, which stops working on the request."""
 
     async def ping(self, address: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 
 import torch
 
@@ -20,16 +20,9 @@ from atom_engine.pd.wire import Shipment
 from atom_engine.sampling import prompt_logprobs as score_prompt
 from atom_engine.sequence import TokenLogprob
 from atom_engine.settings import EngineSettings
+from atom_engine.stats import KVStats, WorkerStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerStats:
-    """The worker's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
-
-    prefill_tokens_computed: int = 0
-    prefills_abandoned: int = 0  # the decoder left before or during the prefill: stopped, nothing shipped
 
 
 class PrefillWorker:
@@ -43,10 +36,11 @@ class PrefillWorker:
         self._ids = itertools.count()
         self.counters = WorkerStats()
 
-    def stats(self) -> dict[str, float]:
-        kv = self.kv.stats()
-        return {**{k: kv[k] for k in ("kv_blocks", "free_blocks", "cached_blocks", "lane_blocks")},
-                **asdict(self.counters), "cpu_threads": torch.get_num_threads()}
+    def stats(self) -> WorkerStats:
+        """The counters, where the blocks are, and torch's threads."""
+        kv = KVStats(**self.kv.stats())
+        return replace(self.counters, kv_blocks=kv.kv_blocks, free_blocks=kv.free_blocks,
+                       cached_blocks=kv.cached_blocks, lane_blocks=kv.lane_blocks, cpu_threads=torch.get_num_threads())
 
     def warm(self) -> None:
         """Run the prefill graph once on the scratch block (touches no request's block)."""

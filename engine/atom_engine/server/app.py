@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from atom_engine.server.compute import ComputeThread
-from atom_engine.server.errors import error_response
+from atom_engine.server.error_responses import error_response
 from atom_engine.server.load import InFlight, PrefillQueue, TimedFetches
 from atom_engine.server.metrics import ServerMetrics, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
 from atom_engine.server.prefill_service import PrefillService
 from atom_engine.settings import EngineSettings, Role
+from atom_engine.stats import InFlightStats, ServingStats
 
 if TYPE_CHECKING:
     from atom_engine.engine import LLMEngine
@@ -56,7 +57,7 @@ class EngineServer:
         self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
         self.in_flight = InFlight()
-        self.metrics = ServerMetrics(settings.model_name, lambda: {**self.in_flight.stats(), **self.stats()}, cache)
+        self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
 
     # -- what a role provides ---------------------------------------------------------------------
     def handler(self) -> Any | None:
@@ -73,9 +74,9 @@ class EngineServer:
         """Why the role can serve nothing more once loaded (None: it can)."""
         return None
 
-    def stats(self) -> dict[str, float]:
-        """The figures /metrics shows: each component's own."""
-        return {}
+    def stats(self) -> list[object]:
+        """The figures /metrics shows: each component's own stats object (:mod:`atom_engine.stats`)."""
+        return [self.in_flight.stats()]
 
     # -- the application --------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -158,12 +159,10 @@ class OpenAIServer(EngineServer):
         from atom_engine.server.engine_loop import AsyncEngine
 
         s = self.settings
-        connector = remote = None
-        if s.prefill_workers:  # remote-only PD, or selective with localPrefill
-            from atom_engine.kv_blocks import SourceSlots
+        pool = None
+        if s.prefill_workers:  # remote-only PD, or selective with localPrefill: the engine builds its connector
             from atom_engine.pd.client import PrefillClient
-            from atom_engine.pd.remote import RemoteConnector, RemotePrefill
-            from atom_engine.pd.selective import SelectiveConnector
+            from atom_engine.pd.connectors import PrefillPool
             from atom_engine.pd.transport import Timeouts
 
             self.client = PrefillClient(
@@ -173,22 +172,16 @@ class OpenAIServer(EngineServer):
                                   s.pd_read_timeout_seconds, s.pd_total_timeout_seconds, s.pd_lease_seconds),
             )
             await self.client.start()
-            # One staging slot per lane: each lane waits for at most one shipment (B1 prefetch has one lane).
             fetch_seconds = self.metrics.histogram("atom:pd_fetch_seconds", "A prompt's remote prefill as decode"
                                                    " waits for it: the worker's queue, compute and transfer.",
                                                    0.001, 300.0)
-            remote = RemoteConnector(RemotePrefill(TimedFetches(self.client, fetch_seconds.observe), loop),
-                                     slots=SourceSlots(s.lanes), prefetch_next=s.prefetch_next)
-            connector = remote if not s.local_prefill else SelectiveConnector(
-                remote, self.client.breaker, min_tokens=s.remote_prefill_min_tokens)
-        engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, connector=connector))
+            pool = PrefillPool(TimedFetches(self.client, fetch_seconds.observe), loop)
+        engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, prefill_pool=pool))
         await loop.run_in_executor(self.compute, engine.warm)
         # Drafts are verified only where the backend can (cpu): say what this engine actually does.
         log.info("event=engine_loaded speculative_tokens=%d", engine.speculative_tokens)
         self.engine = engine
         self.aengine = AsyncEngine(engine, loop, self.compute)
-        if remote is not None:
-            remote.set_wakeup(self.aengine.wakeup.set)
         self.aengine.start()
         self.routes = OpenAIRoutes(engine, self.aengine, self.metrics)
 
@@ -205,14 +198,14 @@ class OpenAIServer(EngineServer):
             return self.aengine.error
         return None
 
-    def stats(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def stats(self) -> list[object]:
+        out = super().stats()
         if self.engine is not None:
-            out.update(slots_held=0, prefetch_ready=0.0)  # 0 without PD; the connector's own figures with it
-            out.update(self.engine.stats())
-            out["requests_rejected"] = self.routes.rejected if self.routes is not None else 0
+            # Without PD the connector's gauges read 0 (ServingStats); with it, the connector's own.
+            out.append(ServingStats(requests_rejected=self.routes.rejected if self.routes is not None else 0))
+            out += self.engine.figures()
         if self.client is not None:
-            out.update(self.client.figures())
+            out.append(self.client.figures())
         return out
 
 
@@ -251,13 +244,13 @@ class PrefillServer(EngineServer):
         if self.kv_server is not None:
             await self.kv_server.close(grace=self.settings.finish_seconds)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> list[object]:
         if self.worker is None or self.service is None or self.queue is None:
-            return {}
+            return super().stats()
         service = self.service.stats()
         # In flight: the HTTP routes' requests and the KV transport's (which no HTTP middleware sees).
-        busy = self.in_flight.count + service["prefill_in_flight"]
-        return {**self.worker.stats(), **service, **self.queue.stats(), "requests_in_flight": busy}
+        busy = InFlightStats(requests_in_flight=self.in_flight.count + service.prefill_in_flight)
+        return [busy, self.worker.stats(), service, self.queue.stats()]
 
 
 def make_server(settings: EngineSettings, role: Role) -> EngineServer:

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from atom_engine.model.builtin import checkpoint_path
+from atom_engine.server.error_responses import ApiError
 from atom_engine.server.protocol import ChatMessage
 from atom_engine.server.tools import template_tool_format
 
@@ -93,9 +94,19 @@ class ChatTemplate:
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> str:
         """``tools``: as transformers' ``apply_chat_template(tools=...)`` passes them (only to a template that
-        reads them: :func:`atom_engine.server.tools.check_template`)."""
+        reads them: :func:`atom_engine.server.tools.check_template`).
+
+        A template that refuses the messages (its ``raise_exception``: roles out of order, a tool result with no
+        call before it) is a 400 with the template's words (``param: "messages"``): the conversation is what
+        is wrong, and the client can fix it."""
         if self._template is None:
             return plain_template(messages)
+        import jinja2
+
         extra = {"tools": tools} if tools else {}
-        return self._template.render(messages=[m.template_dict() for m in messages],
-                                     add_generation_prompt=add_generation_prompt, **extra, **self._specials)
+        try:
+            return self._template.render(messages=[m.template_dict() for m in messages],
+                                         add_generation_prompt=add_generation_prompt, **extra, **self._specials)
+        except jinja2.TemplateError as exc:
+            raise ApiError(400, f"messages: the model's chat template refused them: {exc.message or exc}",
+                           param="messages", code="invalid_value") from None

@@ -34,6 +34,7 @@ class AsyncEngine:
         self.loop = loop
         self.compute = compute
         self.wakeup = threading.Event()
+        engine.set_wakeup(self.wakeup.set)  # the KV connector wakes the loop when a shipment arrives
         self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
         self.error: str | None = None
         self._stop = threading.Event()

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 
 log = logging.getLogger("atom_engine.server")
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from atom_engine.stats import InFlightStats, QueueStats
+
 # Paths that are not work: probes and scrapes never keep a pod busy.
 NOT_WORK = frozenset({"/health", "/ready", "/metrics"})
 
@@ -40,8 +42,8 @@ class InFlight:
         finally:
             self.count -= 1
 
-    def stats(self) -> dict[str, float]:
-        return {"requests_in_flight": self.count}
+    def stats(self) -> InFlightStats:
+        return InFlightStats(requests_in_flight=self.count)
 
 
 class PrefillQueue(Executor):
@@ -100,13 +102,13 @@ class PrefillQueue(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> QueueStats:
         with self._lock:
             busy = self.busy_seconds
             if self._busy_since is not None:  # the prompt computing now counts up to this scrape
                 busy += time.perf_counter() - self._busy_since
-            return {"running": self.running, "waiting": self.waiting, "prefill_tokens_waiting": self.waiting_tokens,
-                    "prefill_busy_seconds": busy}
+            return QueueStats(running=self.running, waiting=self.waiting, prefill_tokens_waiting=self.waiting_tokens,
+                              prefill_busy_seconds=busy)
 
 
 class TimedFetches:

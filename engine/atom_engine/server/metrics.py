@@ -4,6 +4,10 @@ Gauges and counters are read from the engine at scrape time (one source of truth
 latency histograms are observed per request by the server. Each server has its own registry, so several can
 live in one process (tests).
 
+The table names each figure by attribute of a component's stats class (:mod:`atom_engine.stats`), so a renamed
+or removed field is an AttributeError when this module is imported, not a metric silently gone; a role's server
+hands the collector its components' stats objects at each scrape.
+
 ``vllm:cache_config_info`` is vLLM's info gauge (value 1, the configuration in its labels); the Gateway API
 Inference Extension's endpoint picker reads ``block_size`` and ``num_gpu_blocks`` from it to size its prefix
 index per pod and to cut prompts into hash blocks.
@@ -11,97 +15,163 @@ index per pod and to cut prompts into hash blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from types import MemberDescriptorType
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-Stats = Callable[[], dict[str, float]]
+from atom_engine.stats import (
+    BatcherStats,
+    ClientStats,
+    EngineStats,
+    InFlightStats,
+    KVStats,
+    QueueStats,
+    RemoteStats,
+    SelectiveStats,
+    ServiceStats,
+    ServingStats,
+    WorkerStats,
+)
+
+Figures = Callable[[], Sequence[object]]  # a role's components' stats objects (atom_engine.stats), read per scrape
 
 # The prefix granularity reported to routers, in tokens: vLLM's default block size. Our blocks hold a whole
 # sequence and the prefix cache reuses any common prefix length, so a router may hash prompts at any
 # granularity; reporting maxSeqLen would make every prompt shorter than one hash block, i.e. never matched.
 ROUTER_BLOCK_TOKENS = 16
 
-# name -> (kind, stats key, help)
+
+@dataclass(frozen=True)
+class Row:
+    """One metric: its kind, its help, and the field it shows, by attribute of a stats class (``BatcherStats.
+    running``). Where roles differ, several: the first whose component the role has is shown; a role with none of
+    them does not export the metric."""
+
+    kind: Literal["gauge", "counter"]
+    doc: str
+    sources: tuple[MemberDescriptorType, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("gauge", "counter"):
+            raise ValueError(f"a metric is a gauge or a counter; got {self.kind!r}")
+        for source in self.sources:
+            if not isinstance(source, MemberDescriptorType) or not is_dataclass(source.__objclass__) or \
+                    source.__name__ not in {f.name for f in fields(source.__objclass__)}:
+                raise TypeError(f"a metric reads a stats dataclass's field (BatcherStats.running); got {source!r}")
+
+    def value(self, figures: Sequence[object]) -> float | None:
+        """The first source's field, from the role's component of that class; None when the role has none."""
+        for source in self.sources:
+            found = [f for f in figures if isinstance(f, source.__objclass__)]
+            if len(found) > 1:
+                raise ValueError(f"two components report {source.__objclass__.__name__}: {found}")
+            if found:
+                return float(source.__get__(found[0]))
+        return None
+
+
+def gauge(doc: str, *sources: MemberDescriptorType) -> Row:
+    return Row("gauge", doc, sources)
+
+
+def counter(doc: str, *sources: MemberDescriptorType) -> Row:
+    return Row("counter", doc, sources)
+
+
+B, K, R, W, Q = BatcherStats, KVStats, RemoteStats, WorkerStats, QueueStats
 VLLM = {
-    "vllm:num_requests_running": ("gauge", "running", "Requests holding a lane (prefill role: prompts computing)."),
-    "vllm:num_requests_waiting": ("gauge", "waiting", "Requests in the waiting queue (prefill role: prompts"
-                                  " queued for the worker)."),
-    "vllm:kv_cache_usage_perc": ("gauge", "kv_usage", "Share of KV blocks (scratch excluded) held by lanes, 0..1."),
-    "vllm:prefix_cache_queries": ("counter", "prefix_query_tokens", "Prompt tokens looked up in the prefix cache."),
-    "vllm:prefix_cache_hits": ("counter", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
-    "vllm:prompt_tokens": ("counter", "prompt_tokens", "Prompt tokens of admitted requests."),
-    "vllm:generation_tokens": ("counter", "generation_tokens", "Generated tokens."),
-    "vllm:spec_decode_num_draft_tokens": ("counter", "draft_tokens", "Draft tokens fed to decode steps."),
-    "vllm:spec_decode_num_accepted_tokens": ("counter", "draft_tokens_accepted", "Draft tokens the model agreed"
-                                             " with (kept as output)."),
+    "vllm:num_requests_running": gauge("Requests holding a lane (prefill role: prompts computing).",
+                                       B.running, Q.running),
+    "vllm:num_requests_waiting": gauge("Requests in the waiting queue (prefill role: prompts queued for the"
+                                       " worker).", B.waiting, Q.waiting),
+    "vllm:kv_cache_usage_perc": gauge("Share of KV blocks (scratch excluded) held by lanes, 0..1.", K.kv_usage),
+    "vllm:prefix_cache_queries": counter("Prompt tokens looked up in the prefix cache.", B.prefix_query_tokens),
+    "vllm:prefix_cache_hits": counter("Prompt tokens found in the prefix cache.", K.prefix_cache_hit_tokens),
+    "vllm:prompt_tokens": counter("Prompt tokens of admitted requests.", B.prompt_tokens),
+    "vllm:generation_tokens": counter("Generated tokens.", B.generation_tokens),
+    "vllm:spec_decode_num_draft_tokens": counter("Draft tokens fed to decode steps.", B.draft_tokens),
+    "vllm:spec_decode_num_accepted_tokens": counter("Draft tokens the model agreed with (kept as output).",
+                                                    B.draft_tokens_accepted),
 }
 ATOM = {
-    "atom:kv_blocks_total": ("gauge", "kv_blocks", "KV blocks compiled in (kvBlocks)."),
-    "atom:kv_blocks_free": ("gauge", "free_blocks", "Free KV blocks."),
-    "atom:kv_blocks_cached": ("gauge", "cached_blocks", "KV blocks held by prefix-cache entries."),
-    "atom:kv_blocks_lanes": ("gauge", "lane_blocks", "KV blocks held by lanes."),
-    "atom:kv_blocks_pinned": ("gauge", "pinned_blocks", "Prefix-cache entries pinned as copy sources."),
-    "atom:cpu_threads": ("gauge", "cpu_threads", "torch's intra-op threads (from cpuThreads or the container's CPU"
-                         " allowance; the start-up log says which)."),
-    "atom:engine_idle": ("gauge", "idle", "1 when the batcher reports no work (no request, no held prefetch)."),
-    "atom:pd_source_slots_held": ("gauge", "slots_held", "PD source slots reserved."),
-    "atom:requests_finished": ("counter", "requests_finished", "Requests that ended with stop or length."),
-    "atom:requests_cancelled": ("counter", "requests_cancelled", "Requests cancelled (client gone)."),
-    "atom:requests_failed": ("counter", "requests_failed", "Requests that ended with an error."),
-    "atom:requests_rejected": ("counter", "requests_rejected", "Requests refused before queueing (400/429)."),
-    "atom:prefill_tokens_computed": ("counter", "prefill_tokens_computed", "Prompt tokens prefilled here."),
-    "atom:pd_remote_prefills": ("counter", "remote_prefills", "Shipments requested from prefill workers."),
-    "atom:pd_remote_prefill_tokens": ("counter", "remote_prefill_tokens", "Prompt tokens whose KV was imported."),
-    "atom:pd_local_prefills": ("counter", "selective_local_prefills", "Prompts a decode pod with prefill workers"
-                               " prefilled itself (selective PD: a short uncached suffix, or the pool down)."),
-    "atom:pd_kv_bytes_imported": ("counter", "kv_bytes_imported", "Payload bytes of imported shipments."),
-    "atom:pd_bytes_received": ("counter", "pd_bytes_received", "Bytes read from prefill workers (all frames)."),
-    "atom:pd_transfer_seconds": ("counter", "pd_transfer_seconds", "Time from a frame's first byte to its last."),
-    "atom:pd_fetch_attempts": ("counter", "pd_attempts", "Fetch attempts on prefill workers."),
-    "atom:pd_fetch_retries": ("counter", "pd_retries", "Fetches retried on another worker."),
-    "atom:pd_fetch_failures": ("counter", "pd_failures", "Failed fetch attempts."),
-    "atom:pd_breaker_state": ("gauge", "pd_breaker_state", "The prefill pool's circuit breaker: 0 closed, 1 half-open,"
-                              " 2 open (fetches fail at once)."),
-    "atom:pd_breaker_transitions": ("counter", "pd_breaker_transitions", "Moves of the prefill pool's breaker."),
-    "atom:prefetch_started": ("counter", "prefetch_started", "B1 prefetches started."),
-    "atom:prefetch_hits": ("counter", "prefetch_hits", "Prefetched shipments imported by their lane."),
-    "atom:prefetch_cancelled": ("counter", "prefetch_cancelled", "Prefetched requests cancelled before import."),
-    "atom:prefetch_failed": ("counter", "prefetch_failed", "Prefetches whose producer failed."),
-    "atom:prefetch_cached_tokens": ("counter", "prefetch_cached_tokens", "Prompt tokens prefetches did not ship."),
-    "atom:prefetch_ready": ("gauge", "prefetch_ready", "1 while a prefetched shipment waits for its lane."),
-    "atom:prefill_requests": ("counter", "prefill_requests", "Prefill requests received (prefill role)."),
-    "atom:prefill_bytes_sent": ("counter", "prefill_bytes_sent", "Frame bytes sent (prefill role)."),
-    "atom:prefill_sends_started": ("counter", "prefill_sends_started", "Frames whose sending began."),
-    "atom:prefill_sends_failed": ("counter", "prefill_sends_failed", "Frames whose sending failed."),
-    "atom:prefill_in_flight": ("gauge", "prefill_in_flight", "Prefill requests held: queued, computing or sending."),
-    "atom:prefills_abandoned": ("counter", "prefills_abandoned", "Prefills stopped because their decoder left."),
-    "atom:prefill_leases_expired": ("counter", "prefill_leases_expired", "Requests dropped: their decoder stopped"
-                                    " renewing its lease (no heartbeat)."),
+    "atom:kv_blocks_total": gauge("KV blocks compiled in (kvBlocks).", K.kv_blocks, W.kv_blocks),
+    "atom:kv_blocks_free": gauge("Free KV blocks.", K.free_blocks, W.free_blocks),
+    "atom:kv_blocks_cached": gauge("KV blocks held by prefix-cache entries.", K.cached_blocks, W.cached_blocks),
+    "atom:kv_blocks_lanes": gauge("KV blocks held by lanes.", K.lane_blocks, W.lane_blocks),
+    "atom:kv_blocks_pinned": gauge("Prefix-cache entries pinned as copy sources.", K.pinned_blocks),
+    "atom:cpu_threads": gauge("torch's intra-op threads (from cpuThreads or the container's CPU allowance; the"
+                              " start-up log says which).", EngineStats.cpu_threads, W.cpu_threads),
+    "atom:engine_idle": gauge("1 when the batcher reports no work (no request, no held prefetch).", B.idle),
+    "atom:pd_source_slots_held": gauge("PD source slots reserved.", R.slots_held, ServingStats.slots_held),
+    "atom:requests_finished": counter("Requests that ended with stop or length.", B.requests_finished),
+    "atom:requests_cancelled": counter("Requests cancelled (client gone).", B.requests_cancelled),
+    "atom:requests_failed": counter("Requests that ended with an error.", B.requests_failed),
+    "atom:requests_rejected": counter("Requests refused before queueing (400/429).", ServingStats.requests_rejected),
+    "atom:prefill_tokens_computed": counter("Prompt tokens prefilled here.", B.prefill_tokens_computed,
+                                            W.prefill_tokens_computed),
+    "atom:pd_remote_prefills": counter("Shipments requested from prefill workers.", R.remote_prefills),
+    "atom:pd_remote_prefill_tokens": counter("Prompt tokens whose KV was imported.", R.remote_prefill_tokens),
+    "atom:pd_local_prefills": counter("Prompts a decode pod with prefill workers prefilled itself (selective PD:"
+                                      " a short uncached suffix, or the pool down).",
+                                      SelectiveStats.selective_local_prefills),
+    "atom:pd_kv_bytes_imported": counter("Payload bytes of imported shipments.", R.kv_bytes_imported),
+    "atom:pd_bytes_received": counter("Bytes read from prefill workers (all frames).", ClientStats.pd_bytes_received),
+    "atom:pd_transfer_seconds": counter("Time from a frame's first byte to its last.",
+                                        ClientStats.pd_transfer_seconds),
+    "atom:pd_fetch_attempts": counter("Fetch attempts on prefill workers.", ClientStats.pd_attempts),
+    "atom:pd_fetch_retries": counter("Fetches retried on another worker.", ClientStats.pd_retries),
+    "atom:pd_fetch_failures": counter("Failed fetch attempts.", ClientStats.pd_failures),
+    "atom:pd_breaker_state": gauge("The prefill pool's circuit breaker: 0 closed, 1 half-open, 2 open (fetches"
+                                   " fail at once).", ClientStats.pd_breaker_state),
+    "atom:pd_breaker_transitions": counter("Moves of the prefill pool's breaker.", ClientStats.pd_breaker_transitions),
+    "atom:prefetch_started": counter("B1 prefetches started.", R.prefetch_started),
+    "atom:prefetch_hits": counter("Prefetched shipments imported by their lane.", R.prefetch_hits),
+    "atom:prefetch_cancelled": counter("Prefetched requests cancelled before import.", R.prefetch_cancelled),
+    "atom:prefetch_failed": counter("Prefetches whose producer failed.", R.prefetch_failed),
+    "atom:prefetch_cached_tokens": counter("Prompt tokens prefetches did not ship.", R.prefetch_cached_tokens),
+    "atom:prefetch_ready": gauge("1 while a prefetched shipment waits for its lane.", R.prefetch_ready,
+                                 ServingStats.prefetch_ready),
+    "atom:prefill_requests": counter("Prefill requests received (prefill role).", ServiceStats.prefill_requests),
+    "atom:prefill_bytes_sent": counter("Frame bytes sent (prefill role).", ServiceStats.prefill_bytes_sent),
+    "atom:prefill_sends_started": counter("Frames whose sending began.", ServiceStats.prefill_sends_started),
+    "atom:prefill_sends_failed": counter("Frames whose sending failed.", ServiceStats.prefill_sends_failed),
+    "atom:prefill_in_flight": gauge("Prefill requests held: queued, computing or sending.",
+                                    ServiceStats.prefill_in_flight),
+    "atom:prefills_abandoned": counter("Prefills stopped because their decoder left.", W.prefills_abandoned),
+    "atom:prefill_leases_expired": counter("Requests dropped: their decoder stopped renewing its lease (no"
+                                           " heartbeat).", ServiceStats.prefill_leases_expired),
     # What an autoscaler reads (atom_engine.server.load, the batcher's arrivals).
-    "atom:requests_in_flight": ("gauge", "requests_in_flight", "Requests not yet finished, on the API"
-                                " routes and the KV transport (streams included): 0 is idle."),
-    "atom:arrived_requests": ("counter", "arrived_requests", "Requests queued (at arrival, before a lane)."),
-    "atom:arrived_prompt_tokens": ("counter", "arrived_prompt_tokens", "Prompt tokens of queued requests."),
-    "atom:pd_waiting_for_kv": ("gauge", "waiting_for_kv", "Lanes held while their prompt's KV is computed remotely."),
-    "atom:prefill_tokens_waiting": ("gauge", "prefill_tokens_waiting", "Prompt tokens queued for the prefill"
-                                    " worker."),
-    "atom:prefill_busy_seconds": ("counter", "prefill_busy_seconds", "Time the prefill worker spent computing."),
+    "atom:requests_in_flight": gauge("Requests not yet finished, on the API routes and the KV transport (streams"
+                                     " included): 0 is idle.", InFlightStats.requests_in_flight),
+    "atom:arrived_requests": counter("Requests queued (at arrival, before a lane).", B.arrived_requests),
+    "atom:arrived_prompt_tokens": counter("Prompt tokens of queued requests.", B.arrived_prompt_tokens),
+    "atom:pd_waiting_for_kv": gauge("Lanes held while their prompt's KV is computed remotely.", B.waiting_for_kv),
+    "atom:prefill_tokens_waiting": gauge("Prompt tokens queued for the prefill worker.", Q.prefill_tokens_waiting),
+    "atom:prefill_busy_seconds": counter("Time the prefill worker spent computing.", Q.prefill_busy_seconds),
 }
+del B, K, R, W, Q
+TABLE = {**VLLM, **ATOM}
 
 
 class _StatsCollector:
-    def __init__(self, stats: Stats, model_name: str) -> None:
-        self.stats, self.model_name = stats, model_name
+    def __init__(self, figures: Figures, model_name: str) -> None:
+        self.figures, self.model_name = figures, model_name
 
     def collect(self) -> Iterator[Metric]:
-        values = self.stats()
-        for name, (kind, key, doc) in {**VLLM, **ATOM}.items():
-            if key not in values:
+        figures = self.figures()
+        if not all(is_dataclass(f) and not isinstance(f, type) for f in figures):
+            raise TypeError(f"a role's figures are stats dataclasses (atom_engine.stats); got {figures!r}")
+        for name, row in TABLE.items():
+            value = row.value(figures)
+            if value is None:
                 continue
-            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], float(values[key]))
+            family = (GaugeMetricFamily if row.kind == "gauge" else CounterMetricFamily)(name, row.doc,
+                                                                                          labels=["model_name"])
+            family.add_metric([self.model_name], value)
             yield family
 
 
@@ -127,9 +197,9 @@ def cache_config_labels(kv_blocks: int, max_seq_len: int, prefix_cache: bool) ->
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, stats: Stats, cache_config: dict[str, str] | None = None) -> None:
+    def __init__(self, model_name: str, figures: Figures, cache_config: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_StatsCollector(stats, model_name))
+        self.registry.register(_StatsCollector(figures, model_name))
         if cache_config is not None:
             self.registry.register(_CacheConfigCollector(cache_config))
         self.model_name = model_name

@@ -24,11 +24,11 @@ from typing import Any
 from aiohttp import web
 
 from atom_engine.engine import LLMEngine
-from atom_engine.errors import ContextTooLong, KVUnavailable, QueueFull, RequestRejected
+from atom_engine.errors import ContextTooLong, KVRefused, KVUnavailable, QueueFull, RequestRejected
 from atom_engine.sequence import FinishReason, SamplingParams, StepOutput, TokenLogprob
 from atom_engine.server.chat import ChatTemplate
 from atom_engine.server.engine_loop import AsyncEngine, EngineDead
-from atom_engine.server.errors import ApiError, error_body
+from atom_engine.server.error_responses import ApiError, error_body
 from atom_engine.server.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_vllm, token_text_fn
 from atom_engine.server.metrics import ServerMetrics
 from atom_engine.server.protocol import (
@@ -86,10 +86,6 @@ class _Call:
     prompt_tokens: int  # each prompt once, as vLLM counts them (not once per n)
     tools: ToolRequest | None = None  # chat: the tools whose calls the output may hold (parsed out of the text)
     created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def echo(self) -> bool:
-        return isinstance(self.req, CompletionRequest) and self.req.echo
 
 
 class OpenAIRoutes:
@@ -292,11 +288,14 @@ class OpenAIRoutes:
                 yield out
 
     def _failure(self, call: _Call, out: StepOutput) -> ApiError:
-        """A failed request's answer: 503 when the prompt's KV could not be brought (no prefill worker), else
-        500."""
+        """A failed request's answer: 503 when the prompt's KV could not be brought (no prefill worker), a prefill
+        worker's 4xx when it refused the request itself, else 500."""
         log.warning("event=request_failed request_id=%s error=%r", call.rid, out.error)
         if isinstance(out.failure, KVUnavailable):
             return ApiError(503, out.error or "the prompt's KV is unavailable", code="prefill_unavailable")
+        if isinstance(out.failure, KVRefused):  # a prefill worker refused the request itself: its 4xx
+            return ApiError(out.failure.status, out.error or "the request was refused", param="prompt",
+                            code=out.failure.code or "invalid_request")
         return ApiError(500, out.error or "the request failed", code="internal_error")
 
     # -- whole responses --------------------------------------------------------------------------
@@ -365,7 +364,8 @@ class OpenAIRoutes:
         resp: web.StreamResponse | None = None
         opts = call.req.stream_options
         continuous = opts is not None and opts.continuous_usage_stats
-        tool_streams = {c.index: ToolStream() for c in call.choices} if call.tools is not None else {}
+        tool_streams = {c.index: ToolStream(call.tools.parallel) for c in call.choices} if call.tools is not None \
+            else {}
 
         async def send(obj: dict | str) -> None:
             nonlocal resp

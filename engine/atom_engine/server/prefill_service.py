@@ -14,31 +14,20 @@ import asyncio
 import logging
 import threading
 from concurrent.futures import Executor, Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from atom_engine.errors import RequestRejected
 from atom_engine.pd.tcp import TcpConnection
 from atom_engine.pd.wire import PING, CorruptTransfer, message
 from atom_engine.sequence import MAX_LOGPROBS
+from atom_engine.stats import ServiceStats
 
 if TYPE_CHECKING:  # torch: imported once the server loads the worker, not before it listens
     from atom_engine.pd.worker import PrefillWorker
 
 log = logging.getLogger("atom_engine.prefill")
 LEASE_MIN, LEASE_MAX = 0.1, 300.0  # what a decoder may ask for (its heartbeats come four times per lease)
-
-
-@dataclass
-class ServiceStats:
-    """The service's figures for /metrics (the table in :mod:`atom_engine.server.metrics` names these fields)."""
-
-    prefill_requests: int = 0
-    prefill_in_flight: int = 0  # read and not yet let go: queued, computing or sending
-    prefill_sends_started: int = 0
-    prefill_sends_failed: int = 0
-    prefill_bytes_sent: int = 0
-    prefill_leases_expired: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,8 +51,8 @@ class PrefillService:
         self.request_timeout = request_timeout  # a connection that says nothing for this long is closed
         self.counters = ServiceStats()
 
-    def stats(self) -> dict[str, float]:
-        return asdict(self.counters)
+    def stats(self) -> ServiceStats:
+        return replace(self.counters)
 
     async def serve(self, conn: TcpConnection) -> None:
         """One decoder connection: a ping, or one request and its frame."""

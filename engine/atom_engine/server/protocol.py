@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from atom_engine.sequence import MAX_LOGPROBS, SamplingParams
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 from atom_engine.server.fields import check_extra
 from atom_engine.server.structured import spec_of
 from atom_engine.server.tools import ToolRequest, tool_request

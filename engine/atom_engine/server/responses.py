@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 from atom_engine.server.fields import check_extra
 
 KEPT = 256  # responses kept for previous_response_id (each: its conversation's messages, its body)
@@ -61,7 +61,12 @@ class ResponsesRequest(BaseModel):
     top_logprobs: StrictInt | None = None
 
     def check(self) -> None:
-        check_extra({k: v for k, v in (self.model_extra or {}).items() if k not in RESPONSES_IGNORED})
+        extra = self.model_extra or {}
+        for name, why in UNKEPT.items():
+            if extra.get(name) is not None:
+                raise ApiError(400, f"{name}: not supported by this engine: {why}", param=name,
+                               code="unsupported_parameter")
+        check_extra({k: v for k, v in extra.items() if k not in RESPONSES_IGNORED and k not in UNKEPT})
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             raise _bad("reasoning", "reasoning: this model does not reason; leave it out")
         for name, neutral in (("include", []), ("background", False), ("max_tool_calls", None),
@@ -98,6 +103,12 @@ class ResponsesRequest(BaseModel):
 
 # Responses fields that never change the output (beyond the chat ones in atom_engine.server.fields).
 RESPONSES_IGNORED = frozenset({"stream_options", "prompt_cache_retention"})
+# Responses fields that bring in input kept on OpenAI's side, which this engine does not have: ignoring one would
+# answer a different question than the client asked (refused unless null; only here, as the chat route has no
+# such fields and its unknown ones stay vLLM's).
+UNKEPT = {"conversation": "it keeps no conversations; continue a kept response with previous_response_id or send"
+                          " the whole conversation as input",
+          "prompt": "it keeps no prompt templates; send the prompt as instructions and input"}
 
 
 def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

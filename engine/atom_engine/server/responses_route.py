@@ -15,7 +15,7 @@ from aiohttp import web
 from atom_engine.errors import QueueFull, RequestRejected
 from atom_engine.sequence import FinishReason, StepOutput
 from atom_engine.server.engine_loop import EngineDead
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 from atom_engine.server.protocol import ChatCompletionRequest, parse
 from atom_engine.server.responses import (
     Kept,
@@ -109,7 +109,7 @@ class ResponsesAPI:
         if last.finish_reason is FinishReason.ERROR:
             raise self.routes._failure(call, last)  # type: ignore[arg-type]
         text = last.final_text or ""
-        content, calls = parse_tool_calls(text) if call.tools is not None else (text, [])
+        content, calls = parse_tool_calls(text, call.tools.parallel) if call.tools is not None else (text, [])
         output = ([message_item(content or "")] if content or not calls else []) + [call_item(c) for c in calls]
         return web.json_response(self._finish(call, output, content, calls))
 
@@ -132,7 +132,7 @@ class ResponsesAPI:
                    ) -> web.StreamResponse:
         events = _Events(request)
         started = response_body(call.rid, call.req, call.created, [], "in_progress", None)
-        ts = ToolStream() if call.tools is not None else None
+        ts = ToolStream(call.tools.parallel) if call.tools is not None else None
         output: list[dict[str, Any]] = []
         message: dict[str, Any] | None = None  # the message item being streamed
         text = ""

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from atom_engine.sequence import SamplingParams
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 from atom_engine.structured.spec import GrammarSpec
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from atom_engine.server.errors import ApiError
+from atom_engine.server.error_responses import ApiError
 from atom_engine.structured.spec import GrammarSpec
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def chat_message(text: str, tools: ToolRequest | None) -> tuple[dict[str, Any], 
     content: str | None = text
     calls: list[dict[str, Any]] = []
     if tools is not None:
-        content, calls = parse_tool_calls(text)
+        content, calls = parse_tool_calls(text, tools.parallel)
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
     if calls:
         message["tool_calls"] = calls
@@ -182,8 +182,11 @@ def _parse_call(body: str) -> dict[str, Any] | None:
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """The content outside the calls (None when only calls) and the calls. A malformed call stays content."""
+def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+    """The content outside the calls (None when only calls) and the calls. A malformed call stays content.
+    ``parallel`` false (``parallel_tool_calls: false``): at most one call, the first; the model's further calls
+    are dropped, neither calls nor content (under ``auto`` the grammar leaves the text free, so only the parse
+    can keep OpenAI's promise of one call)."""
     calls: list[dict[str, Any]] = []
     content: list[str] = []
     at = 0
@@ -192,7 +195,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if call is None:
             continue
         content.append(text[at : m.start()])
-        calls.append(call)
+        if parallel or not calls:
+            calls.append(call)
         at = m.end()
     content.append(text[at:])
     rest = "".join(content)
@@ -205,8 +209,10 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 class ToolStream:
     """The calls of a streamed output as they complete: text that may start a call is held back, a call's text
     is held until its end tag, then sent as one ``tool_calls`` delta (OpenAI's clients join a call's deltas by
-    ``index``; a whole call in one delta is one such sequence)."""
+    ``index``; a whole call in one delta is one such sequence). ``parallel`` false: calls after the first are
+    dropped, as :func:`parse_tool_calls` drops them."""
 
+    parallel: bool = True
     called: int = 0
     _buf: str = ""
     _space: str = ""  # whitespace held: dropped between and around calls, sent before other text
@@ -237,7 +243,7 @@ class ToolStream:
             call = _parse_call(body.strip())
             if call is None:
                 content.append(self._buf[: j + len(CALL_END)])
-            else:
+            elif self.parallel or not self.called:
                 calls.append({"index": self.called, **call})
                 self.called += 1
             self._buf, self._in_call = self._buf[j + len(CALL_END) :], False

@@ -9,7 +9,8 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from atom_engine.model.tokenizer import ByteTokenizer, HFTokenizer
 from atom_engine.structured.constraint import Constraint
@@ -25,6 +26,7 @@ BOUNDED_STRING_CHAR = r'[^\"\\\r\n]'  # the EBNF text of xgrammar's character cl
 JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'  # a character JSON allows unescaped in a string
 # xgrammar's C++ errors start with "[time] /path/file.cc:line: "; the rest is the message.
 _CXX_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+T = TypeVar("T")
 
 
 class GrammarError(ValueError):
@@ -69,27 +71,24 @@ class Grammars:
         return grammar
 
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
-        c = self._compiler
-        try:
-            if spec.kind == "json_schema":
-                return c.compile_grammar(self._json_ebnf(spec.source, spec.any_whitespace, strict=True))
-            if spec.kind == "json_object":
-                if spec.any_whitespace:
-                    return c.compile_builtin_json_grammar()
-                return c.compile_grammar(self._json_ebnf('{"type": "object"}', False, strict=False))
-            if spec.kind == "regex":
-                return c.compile_regex(spec.source)
-            if spec.kind == "choice":
-                options = json.loads(spec.source)
-                rule = " | ".join(json.dumps(o) for o in options)  # EBNF string literals use JSON's escapes
-                return c.compile_grammar(f"root ::= {rule}")
-            if spec.kind == "grammar":
-                return c.compile_grammar(spec.source)
-            if spec.kind == "structural_tag":  # text and tagged JSON (tool calls, :mod:`atom_engine.server.tools`)
-                ebnf = str(self._xgr.Grammar.from_structural_tag(spec.source))
-                return c.compile_grammar(ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR))
-        except (RuntimeError, ValueError) as exc:
-            raise GrammarError(_CXX_PREFIX.sub("", str(exc)).strip()) from None
+        c, xg = self._compiler, _from_xgrammar
+        if spec.kind == "json_schema":
+            return xg(c.compile_grammar, self._json_ebnf(spec.source, spec.any_whitespace, strict=True))
+        if spec.kind == "json_object":
+            if spec.any_whitespace:
+                return xg(c.compile_builtin_json_grammar)
+            return xg(c.compile_grammar, self._json_ebnf('{"type": "object"}', False, strict=False))
+        if spec.kind == "regex":
+            return xg(c.compile_regex, spec.source)
+        if spec.kind == "choice":
+            options = json.loads(spec.source)  # ours (GrammarSpec.choice): a failure here is a bug, not a 400
+            rule = " | ".join(json.dumps(o) for o in options)  # EBNF string literals use JSON's escapes
+            return xg(c.compile_grammar, f"root ::= {rule}")
+        if spec.kind == "grammar":
+            return xg(c.compile_grammar, spec.source)
+        if spec.kind == "structural_tag":  # text and tagged JSON (tool calls, :mod:`atom_engine.server.tools`)
+            ebnf = str(xg(self._xgr.Grammar.from_structural_tag, spec.source))
+            return xg(c.compile_grammar, ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR))
         raise GrammarError(f"unknown grammar kind {spec.kind!r}")
 
     def _json_ebnf(self, schema: str, any_whitespace: bool, strict: bool) -> str:
@@ -97,8 +96,23 @@ class Grammars:
         their characters as BOUNDED_STRING_CHAR, which lets raw control characters (U+0000..U+001F) into a
         string, and JSON forbids them (``json.loads`` refuses such output); its unbounded string rule already
         excludes them, as the bounded one now does too."""
-        ebnf = str(self._xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace, strict_mode=strict))
+        ebnf = str(_from_xgrammar(self._xgr.Grammar.from_json_schema, schema, any_whitespace=any_whitespace,
+                                  strict_mode=strict))
         return ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR)
+
+
+def _from_xgrammar(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call`` (one of xgrammar's parse or compile functions), any failure of it a :class:`GrammarError`: it
+    reads only the request's source, and besides its checks' RuntimeError and ValueError (a lone surrogate's
+    UnicodeEncodeError), its FFI layer raises a C++ error as the Python type of its kind (tvm_ffi/error.py
+    ``register_error``: TypeError, KeyError, IndexError, MemoryError, ...). The engine's own steps around these
+    calls stay outside, so their bugs stay 500s."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the source's fault whatever its type (see above)
+        text = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)  # KeyError quotes
+        message = _CXX_PREFIX.sub("", text).strip()
+        raise GrammarError(message or f"xgrammar refused it ({type(exc).__name__})") from None
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, eos_token_id: int) -> xgrammar.TokenizerInfo:

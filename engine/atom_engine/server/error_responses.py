@@ -1,4 +1,5 @@
-"""OpenAI-style error bodies: ``{"error": {"message", "type", "param", "code"}}``."""
+"""OpenAI-style error bodies for the HTTP routes: ``{"error": {"message", "type", "param", "code"}}`` (the engine's
+own refusals, the exceptions they map from, are :mod:`atom_engine.errors`)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ SPECULATIVE_TOKENS_MAX = 7
 # atom_engine.cpu_allowance).
 CPU_THREADS_MIN = 1
 CPU_THREADS_MAX = 256
-# CEL prints numbers digit by digit (see _cel_int_string), up to this many digits.
+# CEL prints numbers digit by digit (see cel_int_string), up to this many digits.
 CEL_INT_DIGITS = 5
 # Selective PD (localPrefill with prefill workers): uncached prompt tokens from which a worker prefills (below it,
 # the decode pod does); the engine's default and the spec's field share these bounds.
@@ -108,7 +108,7 @@ class Term:
             return self.cel
         if self.cel_is_bool:
             return f"(({self.cel}) ? 'true' : 'false')"
-        return _cel_int_string(self.cel)
+        return cel_int_string(self.cel)
 
 
 Part = str | Term
@@ -154,7 +154,7 @@ def _t(py: Callable[[EngineView], object], cel: str, *, string: bool = False, bo
 _CEL_DIGITS = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
 
 
-def _cel_int_string(expr: str) -> str:
+def cel_int_string(expr: str) -> str:
     """CEL for str(int) of ``expr`` (|value| < 10**CEL_INT_DIGITS), built from one-character strings.
 
     CEL's own string(int) has no size bound in the API server's cost estimator, so every message that

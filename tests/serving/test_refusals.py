@@ -102,3 +102,17 @@ async def test_neutral_values_and_harmless_fields_are_accepted_and_change_nothin
 async def test_a_body_without_model_is_a_400(tiny: str, path: str) -> None:
     status, body = await post(tiny, path, {"prompt": "x", "messages": HI})
     assert_openai_400(status, body, "model", "Field required")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize"])
+async def test_a_body_nested_deeper_than_the_parser_goes_is_a_400_not_a_500(tiny: str, path: str) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    body = f'{{"model": "{MODEL}", "prompt": "x", "input": "x", "messages": {deep}}}'
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as s, s.post(f"{tiny}{path}", data=body, headers=headers) as r:
+        status, got = r.status, await r.json()
+    assert status == 400, got
+    err = got["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["code"] == "invalid_json", err
+    assert "too deep" in err["message"], err

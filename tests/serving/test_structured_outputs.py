@@ -12,6 +12,7 @@ import aiohttp
 import jsonschema
 import pytest
 import pytest_asyncio
+from atom_engine.structured.compiler import MAX_SCHEMA_DEPTH
 
 from tests.serving.conftest import MODEL, Proc, assert_no_block_leaked, client, idle, in_process, wait_metrics
 from tests.serving.test_pd import decode_settings
@@ -191,3 +192,25 @@ async def test_through_pd_the_first_token_obeys_the_grammar(prefill_pair: list[P
         for ch in out["choices"] + greedy["choices"]:
             assert ch["finish_reason"] == "stop" and re.fullmatch(regex, ch["text"]), ch
         assert_no_block_leaked(await wait_metrics(url, idle, "idle"))
+
+
+def nested_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize(("extra", "param", "needle"), [
+    # 100 levels of properties: 201 objects deep, within what the body parser takes, beyond the schema bound
+    ({"response_format": response_format(nested_schema(100))}, "response_format", f"at most {MAX_SCHEMA_DEPTH}"),
+    ({"structured_outputs": {"json": nested_schema(100)}}, "structured_outputs", f"at most {MAX_SCHEMA_DEPTH}"),
+    # As a string a schema escapes the body parser's bound: deeper than json.loads goes
+    ({"guided_json": '{"properties": {"a": ' * 1_500 + "{}" + "}}" * 1_500}, "guided_json", "nested too deep to parse"),
+])
+async def test_a_schema_nested_too_deep_is_a_400_naming_the_field_and_the_bound(tiny: tuple, extra: dict, param: str,
+                                                                               needle: str) -> None:
+    _, url = tiny
+    status, body = await post(url, "/v1/chat/completions", {"model": MODEL, "messages": ASK, **extra})
+    assert status == 400, body
+    assert body["error"]["param"] == param and needle in body["error"]["message"], body

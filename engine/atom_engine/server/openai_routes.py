@@ -35,8 +35,8 @@ from atom_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    SamplingRequest,
     TokenizeRequest,
-    _Common,
     parse,
 )
 from atom_engine.server.responses_route import ResponsesAPI
@@ -81,7 +81,7 @@ class _Call:
 
     rid: str
     kind: str  # "completion" or "chat"
-    req: _Common
+    req: SamplingRequest
     choices: list[_Choice]
     prompt_tokens: int  # each prompt once, as vLLM counts them (not once per n)
     tools: ToolRequest | None = None  # chat: the tools whose calls the output may hold (parsed out of the text)
@@ -234,7 +234,7 @@ class OpenAIRoutes:
         return f"token_id:{token}" if tok is None else tok.decode([token])
 
     # -- serving ----------------------------------------------------------------------------------
-    async def _serve(self, request: web.Request, rid: str, kind: str, req: _Common,
+    async def _serve(self, request: web.Request, rid: str, kind: str, req: SamplingRequest,
                      prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
                      tools: ToolRequest | None = None) -> web.StreamResponse:
         arrived = time.perf_counter()
@@ -268,7 +268,7 @@ class OpenAIRoutes:
             return await self._whole(call)
 
     @staticmethod
-    def _echo(req: _Common) -> bool:
+    def _echo(req: SamplingRequest) -> bool:
         return isinstance(req, CompletionRequest) and req.echo
 
     def _decode(self, ids: list[int]) -> str:
@@ -515,3 +515,6 @@ async def _json(request: web.Request) -> Any:
         return json.loads(await request.read())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise ApiError(400, "the request body nests arrays and objects too deep to parse (about a thousand"
+                       " levels at most)", code="invalid_json") from None

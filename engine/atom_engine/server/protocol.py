@@ -30,7 +30,9 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: StrictBool = False  # vLLM's: every chunk carries the usage so far
 
 
-class _Common(BaseModel):
+class SamplingRequest(BaseModel):
+    """The fields completions and chat share: the model, sampling and stopping."""
+
     # Unknown fields are kept aside (model_extra) and sorted by atom_engine.server.fields: ignored as vLLM does,
     # or refused where they would change the answer.
     model_config = ConfigDict(extra="allow", strict=True)
@@ -115,7 +117,7 @@ class _Common(BaseModel):
         )
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(SamplingRequest):
     # A string, a list of strings, a list of token ids, or a list of token-id lists: one choice (n) per prompt.
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     max_tokens: StrictInt | None = Field(None, ge=0)  # 0 only with echo: the prompt scored, nothing generated
@@ -202,7 +204,7 @@ class ChatMessage(BaseModel):
             args = fn.get("arguments") if isinstance(fn, dict) else None
             try:
                 ok = isinstance(fn.get("name"), str) and isinstance(json.loads(args), dict)  # type: ignore[union-attr]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep to parse
                 ok = False
             if self.role != "assistant" or not ok:
                 raise ApiError(400, f"{where}.tool_calls[{j}]: an assistant's call is {{'id': ..., 'type': 'function',"
@@ -231,7 +233,7 @@ class ChatMessage(BaseModel):
 MESSAGE_FIELDS_REFUSED = frozenset({"audio", "function_call"})
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool = False

@@ -36,6 +36,8 @@ def _schema(value: Any, where: str, param: str) -> dict[str, Any] | bool:
             value = json.loads(value)
         except ValueError as exc:
             raise _bad(param, f"{where}: not valid JSON: {exc}") from None
+        except RecursionError:  # json's decoder recurses once per nested array or object
+            raise _bad(param, f"{where}: nested too deep to parse") from None
     if not isinstance(value, dict | bool):
         raise _bad(param, f"{where}: a JSON schema is an object; got {type(value).__name__}")
     return value

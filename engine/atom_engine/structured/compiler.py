@@ -10,6 +10,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from atom_engine.model.tokenizer import ByteTokenizer, HFTokenizer
@@ -21,10 +22,15 @@ if TYPE_CHECKING:
 
     from atom_engine.model.tokenizer import Tokenizer
 
+# xgrammar's time to build a schema's grammar grows steeply with its nesting (a schema nested 1,500 levels keeps
+# it busy for minutes), so deeper schemas are refused before it sees them; real ones stay far below.
+MAX_SCHEMA_DEPTH = 64  # objects and arrays, one inside another, in a JSON schema
 CACHE_ENTRIES = 256  # compiled grammars kept (a JSON-schema grammar of a tool set: tens of KiB to a few MiB)
 BOUNDED_STRING_CHAR = r'[^\"\\\r\n]'  # the EBNF text of xgrammar's character class, as printed
 JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'  # a character JSON allows unescaped in a string
 # xgrammar's C++ errors start with "[time] /path/file.cc:line: "; the rest is the message.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]")
 _CXX_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 T = TypeVar("T")
 
@@ -73,6 +79,9 @@ class Grammars:
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
         c, xg = self._compiler, _from_xgrammar
         if spec.kind == "json_schema":
+            if (depth := nesting_depth(spec.source)) > MAX_SCHEMA_DEPTH:
+                raise GrammarError(f"the schema is nested {depth} levels deep (objects and arrays); this engine"
+                                   f" takes at most {MAX_SCHEMA_DEPTH}")
             return xg(c.compile_grammar, self._json_ebnf(spec.source, spec.any_whitespace, strict=True))
         if spec.kind == "json_object":
             if spec.any_whitespace:
@@ -99,6 +108,13 @@ class Grammars:
         ebnf = str(_from_xgrammar(self._xgr.Grammar.from_json_schema, schema, any_whitespace=any_whitespace,
                                   strict_mode=strict))
         return ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR)
+
+
+def nesting_depth(text: str) -> int:
+    """How deep the objects and arrays of the JSON ``text`` nest (0: a scalar). Read off the brackets outside
+    strings, without recursion: the text may be nested deeper than Python's recursion limit."""
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0)
 
 
 def _from_xgrammar(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_engine.limits import Rule, Term
-from atom_engine.limits import _cel_int_string as cel_int_string
+from atom_engine.limits import Rule, Term, cel_int_string
 
 from atom_operator.api import band
 from atom_operator.api.autoscaling import RATIO_TERM_MAX

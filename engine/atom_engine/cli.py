@@ -129,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     from atom_engine.malloc import active
     from atom_engine.server.app import serve
 
-    cpu_allowance.apply(settings.cpu_threads)  # before the model loads: its packing runs on these threads
+    cpu = cpu_allowance.apply(settings.cpu_threads)  # before the model loads: its packing runs on these threads
 
     logging.getLogger("atom_engine").info("event=starting role=%s config=%s malloc=%s", args.role, args.config,
                                           active())
-    asyncio.run(serve(settings, args.role, args.host, args.port, args.metrics_port))
+    # The choice made here, once, is what /metrics shows (atom:cpu_threads_info): the server never re-decides.
+    asyncio.run(serve(settings, args.role, args.host, args.port, args.metrics_port, cpu))
     return 0
 
 

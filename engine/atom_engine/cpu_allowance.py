@@ -13,7 +13,8 @@ has descheduled. The allowance is the smallest of what bounds the process:
   past it are the ones that get descheduled;
 - the affinity mask (``os.sched_getaffinity``: cpusets, ``taskset``).
 
-:func:`apply` sets torch's thread count at a process's start (the CLI's), and logs the count and why.
+:func:`apply` sets torch's thread count at a process's start (the CLI's), and logs the count and why; the CLI
+hands the :class:`Allowance` it returns to the server, whose /metrics shows it (``atom:cpu_threads_info``).
 
 Never the host's core count: that is the affinity mask at most.
 """

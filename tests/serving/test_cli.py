@@ -87,3 +87,24 @@ def test_metrics_port_serves_the_same_metrics_alone(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_the_served_metrics_say_how_many_cpu_threads_and_which_bound_chose_them(tmp_path: Path) -> None:
+    import urllib.request
+
+    from atom_engine.cpu_allowance import CPU_REQUEST_ENV
+
+    # No OMP_NUM_THREADS (spawn's default would win as an explicit choice): the pod's half-CPU request is the
+    # tightest bound, and the metric must name it as the start-up log does.
+    proc = spawn(tmp_path, "standalone", "standalone", {**BASE, "lanes": 2, "kv_blocks": 4},
+                 env={"OMP_NUM_THREADS": "", CPU_REQUEST_ENV: "500"})
+    try:
+        wait_ready_sync(proc)
+        with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    finally:
+        proc.proc.terminate()
+        assert proc.proc.wait(30) == 0
+    assert "event=cpu_threads threads=1 source=pod-request" in proc.log.read_text()
+    assert 'atom:cpu_threads_info{source="pod-request",threads="1"} 1.0' in metrics
+    assert f'atom:cpu_threads{{model_name="{MODEL}"}} 1.0' in metrics  # the existing series, unchanged

@@ -30,6 +30,7 @@ from atom_engine.settings import EngineSettings, Role
 from atom_engine.stats import InFlightStats, ServingStats
 
 if TYPE_CHECKING:
+    from atom_engine.cpu_allowance import Allowance
     from atom_engine.engine import LLMEngine
     from atom_engine.pd.client import PrefillClient
     from atom_engine.pd.tcp import TcpServer
@@ -47,7 +48,9 @@ class EngineServer:
 
     ROUTES: Routes = ()
 
-    def __init__(self, settings: EngineSettings, role: Role) -> None:
+    def __init__(self, settings: EngineSettings, role: Role, cpu: Allowance | None = None) -> None:
+        """``cpu``: the threads the process chose at start (:func:`atom_engine.cpu_allowance.apply`), for
+        /metrics; the chooser stays the CLI, so a server in a test process shows no choice it did not make."""
         self.settings, self.role = settings, role
         self.host = "0.0.0.0"  # noqa: S104 - where the role's own listeners bind (start_server sets it)
         self.ready = asyncio.Event()
@@ -57,7 +60,7 @@ class EngineServer:
         self.compute = ComputeThread()  # every torch call of this server runs here
         cache = cache_config_labels(settings.kv_blocks, settings.max_seq_len, settings.prefix_cache)
         self.in_flight = InFlight()
-        self.metrics = ServerMetrics(settings.model_name, self.stats, cache)
+        self.metrics = ServerMetrics(settings.model_name, self.stats, cache, cpu)
 
     # -- what a role provides ---------------------------------------------------------------------
     def handler(self) -> Any | None:
@@ -144,8 +147,8 @@ class OpenAIServer(EngineServer):
 
     ROUTES = OpenAIRoutes.ROUTES
 
-    def __init__(self, settings: EngineSettings, role: Role) -> None:
-        super().__init__(settings, role)
+    def __init__(self, settings: EngineSettings, role: Role, cpu: Allowance | None = None) -> None:
+        super().__init__(settings, role, cpu)
         self.engine: LLMEngine | None = None
         self.aengine: AsyncEngine | None = None
         self.client: PrefillClient | None = None  # remote-only PD: the prefill workers' client
@@ -213,8 +216,8 @@ class PrefillServer(EngineServer):
     """``prefill``: a prefill worker (the model, one prompt at a time) serving decode pods on its KV port
     (``pdKvPort``, the plain-TCP KV transport), which opens once the model is loaded."""
 
-    def __init__(self, settings: EngineSettings, role: Role = "prefill") -> None:
-        super().__init__(settings, role)
+    def __init__(self, settings: EngineSettings, role: Role = "prefill", cpu: Allowance | None = None) -> None:
+        super().__init__(settings, role, cpu)
         self.worker: PrefillWorker | None = None
         self.service: PrefillService | None = None
         self.kv_server: TcpServer | None = None
@@ -253,8 +256,8 @@ class PrefillServer(EngineServer):
         return [busy, self.worker.stats(), service, self.queue.stats()]
 
 
-def make_server(settings: EngineSettings, role: Role) -> EngineServer:
-    return PrefillServer(settings, role) if role == "prefill" else OpenAIServer(settings, role)
+def make_server(settings: EngineSettings, role: Role, cpu: Allowance | None = None) -> EngineServer:
+    return PrefillServer(settings, role, cpu) if role == "prefill" else OpenAIServer(settings, role, cpu)
 
 
 @web.middleware
@@ -274,10 +277,10 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
 
 
 async def start_server(
-    settings: EngineSettings, role: Role, host: str, port: int
+    settings: EngineSettings, role: Role, host: str, port: int, cpu: Allowance | None = None
 ) -> tuple[EngineServer, web.AppRunner, int]:
     """Listen on host:port (0: a free port); the model loads in the background (see ``server.ready``)."""
-    server = make_server(settings, role)
+    server = make_server(settings, role, cpu)
     server.host = host
     # handler_cancellation: a client that disconnects cancels its handler, which cancels its request.
     # shutdown_timeout: how long cleanup lets in-flight requests finish after the listener closed.
@@ -302,7 +305,8 @@ async def start_metrics(server: EngineServer, host: str, port: int) -> web.AppRu
     return runner
 
 
-async def serve(settings: EngineSettings, role: Role, host: str, port: int, metrics_port: int | None = None) -> None:
+async def serve(settings: EngineSettings, role: Role, host: str, port: int, metrics_port: int | None = None,
+                cpu: Allowance | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down without failing requests.
 
     1. Drain for ``drainSeconds``: /ready answers 503 and every request is still served. A pod being deleted is
@@ -312,7 +316,7 @@ async def serve(settings: EngineSettings, role: Role, host: str, port: int, metr
     2. Close the listeners and let in-flight requests finish, for up to ``finishSeconds``; then stop the engine.
     The pod's terminationGracePeriodSeconds covers both (see the operator's workload).
     """
-    server, runner, _port = await start_server(settings, role, host, port)
+    server, runner, _port = await start_server(settings, role, host, port, cpu)
     metrics = await start_metrics(server, host, metrics_port) if metrics_port else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

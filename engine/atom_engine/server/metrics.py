@@ -10,7 +10,9 @@ hands the collector its components' stats objects at each scrape.
 
 ``vllm:cache_config_info`` is vLLM's info gauge (value 1, the configuration in its labels); the Gateway API
 Inference Extension's endpoint picker reads ``block_size`` and ``num_gpu_blocks`` from it to size its prefix
-index per pod and to cut prompts into hash blocks.
+index per pod and to cut prompts into hash blocks. ``atom:cpu_threads_info`` is one in the same style: the thread
+count the process chose at start and the bound that decided it (:mod:`atom_engine.cpu_allowance`), so a dashboard
+sees why a pod runs on fewer threads than its node has cores without reading its start-up log.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from atom_engine.cpu_allowance import Allowance
 from atom_engine.stats import (
     BatcherStats,
     ClientStats,
@@ -103,8 +106,9 @@ ATOM = {
     "atom:kv_blocks_cached": gauge("KV blocks held by prefix-cache entries.", K.cached_blocks, W.cached_blocks),
     "atom:kv_blocks_lanes": gauge("KV blocks held by lanes.", K.lane_blocks, W.lane_blocks),
     "atom:kv_blocks_pinned": gauge("Prefix-cache entries pinned as copy sources.", K.pinned_blocks),
-    "atom:cpu_threads": gauge("torch's intra-op threads (from cpuThreads or the container's CPU allowance; the"
-                              " start-up log says which).", EngineStats.cpu_threads, W.cpu_threads),
+    "atom:cpu_threads": gauge("torch's intra-op threads (from cpuThreads or the container's CPU allowance;"
+                              " atom:cpu_threads_info and the start-up log say which).", EngineStats.cpu_threads,
+                              W.cpu_threads),
     "atom:engine_idle": gauge("1 when the batcher reports no work (no request, no held prefetch).", B.idle),
     "atom:pd_source_slots_held": gauge("PD source slots reserved.", R.slots_held, ServingStats.slots_held),
     "atom:requests_finished": counter("Requests that ended with stop or length.", B.requests_finished),
@@ -175,15 +179,21 @@ class _StatsCollector:
             yield family
 
 
-class _CacheConfigCollector:
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
+class _InfoCollector:
+    """An info gauge: one series, value 1, what it tells in its labels (fixed for the process's life)."""
+
+    def __init__(self, name: str, doc: str, labels: dict[str, str]) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
-                                   labels=list(self.labels))
+        family = GaugeMetricFamily(self.name, self.doc, labels=list(self.labels))
         family.add_metric(list(self.labels.values()), 1.0)
         yield family
+
+
+def cpu_threads_labels(chosen: Allowance) -> dict[str, str]:
+    """The info gauge's labels: the count and the bound that won (``source``, as the start-up log's event says)."""
+    return {"source": chosen.source, "threads": str(chosen.threads)}
 
 
 def cache_config_labels(kv_blocks: int, max_seq_len: int, prefix_cache: bool) -> dict[str, str]:
@@ -197,11 +207,19 @@ def cache_config_labels(kv_blocks: int, max_seq_len: int, prefix_cache: bool) ->
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, figures: Figures, cache_config: dict[str, str] | None = None) -> None:
+    def __init__(self, model_name: str, figures: Figures, cache_config: dict[str, str] | None = None,
+                 cpu: Allowance | None = None) -> None:
+        """``cpu``: the thread count the process chose at start (the CLI's); a server started without one (in
+        process, by a test or a benchmark) decided nothing and exports no ``atom:cpu_threads_info``."""
         self.registry = CollectorRegistry()
         self.registry.register(_StatsCollector(figures, model_name))
         if cache_config is not None:
-            self.registry.register(_CacheConfigCollector(cache_config))
+            self.registry.register(_InfoCollector("vllm:cache_config_info", "Information of the KV cache"
+                                                  " configuration.", cache_config))
+        if cpu is not None:
+            self.registry.register(_InfoCollector("atom:cpu_threads_info", "torch's intra-op threads chosen at start"
+                                                  " and the bound that decided them (source).",
+                                                  cpu_threads_labels(cpu)))
         self.model_name = model_name
         labels = ["model_name"]
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to the first token.", labels,

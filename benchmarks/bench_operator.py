@@ -188,7 +188,8 @@ def main() -> int:
         converged = len(watch.ready)
         # Per object: its create request (audit, microseconds) -> first Ready seen, and -> its last child written.
         writes = cluster.write_requests()
-        created, last_child = {}, {}
+        created, first_write, last_child = {}, {}, {}
+        by_request: dict[str, int] = {}
         for w in writes:
             ref = w.get("objectRef") or {}
             if ref.get("namespace") != NAMESPACE:
@@ -196,13 +197,20 @@ def main() -> int:
             t = ts(w["requestReceivedTimestamp"])
             if ref.get("resource") == "atomdeployments" and w["verb"] == "create":
                 created[ref["name"]] = t
-            elif w["user"]["username"] == USER and ref.get("resource") in ("configmaps", "services", "deployments"):
+                continue
+            if w["user"]["username"] != USER:
+                continue
+            request = f'{w["verb"]} {ref.get("resource")}' + (f'/{ref["subresource"]}' if ref.get("subresource") else "")
+            by_request[request] = by_request.get(request, 0) + 1
+            if ref.get("resource") in ("configmaps", "services", "deployments"):
                 owner = ref["name"].removesuffix("-decode-config").removesuffix("-prefill-config")
                 owner = owner.removesuffix("-decode").removesuffix("-prefill")
                 # Children are written once each in this run (nothing edits them), so the latest is the last one.
                 last_child[owner] = max(last_child.get(owner, t), t)
+                first_write[owner] = min(first_write.get(owner, t), t)
         to_ready = [watch.ready[k] - created[k] for k in watch.ready if k in created]
         to_children = [last_child[k] - created[k] for k in last_child if k in created]
+        to_first_child = [first_write[k] - created[k] for k in first_write if k in created]
         children_to_ready = [watch.ready[k] - last_child[k] for k in watch.ready if k in last_child]
         # The Kubernetes side of Ready: the deployment controller's writes. Its client throttle (kube-controller-
         # manager --kube-api-qps, 20/s by default, 200/s in the harness) capped all-Ready when it was the default;
@@ -233,6 +241,8 @@ def main() -> int:
         ),
         ("first create -> all Ready", f"{all_ready - started:.1f} s"),
         ("create -> Ready, p50 / p99 per object", f"{pct(to_ready, 50):.2f} s / {pct(to_ready, 99):.2f} s"),
+        ("create -> first child written, p50 / p99",
+         f"{pct(to_first_child, 50):.2f} s / {pct(to_first_child, 99):.2f} s"),
         ("create -> last child written, p50 / p99", f"{pct(to_children, 50):.2f} s / {pct(to_children, 99):.2f} s"),
         (
             "last child written -> Ready (Kubernetes' controllers), p50 / p99",
@@ -240,6 +250,8 @@ def main() -> int:
         ),
         ("deployment-controller writes, total / busiest 10 s", f"{len(dc)} / {dc_peak:.1f} per s"),
         ("operator CPU until all Ready", f"{op_cpu:.1f} s"),
+        ("operator writes until idle, by request",
+         ", ".join(f"{k} {v}" for k, v in sorted(by_request.items(), key=lambda kv: -kv[1]))),
         (f"operator writes during {args.idle:.0f} s idle", f"{idle_writes}"),
         ("operator peak RSS", f"{peak:.0f} MB"),
     ]

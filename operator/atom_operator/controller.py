@@ -13,20 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from atom_operator import routing, telemetry
+from atom_operator import events, routing, telemetry
 from atom_operator.api import KIND
 from atom_operator.children import Defaults
 from atom_operator.informer import Listing
 from atom_operator.kube import Kube, KubeError, TransientError
 from atom_operator.reconcile import UNWATCHED, Context, reconcile
-from atom_operator.status import PodView
+from atom_operator.status import Condition, PodView
 from atom_operator.store import Key, Stores, newer, trimmed
+from atom_operator.workqueue import ROUTINE, URGENT, WorkQueue
 
 log = logging.getLogger(__name__)
 RETRY_BACKOFF_MIN, RETRY_BACKOFF_MAX = 0.5, 30.0  # a failed reconcile's retry delays
+EVENTS_FLUSH_SECONDS = 5.0  # on stop, how long the Events already recorded may take to go out
 
 # What each store keeps of an object: pods only the little status reads of them, the rest without managedFields.
 VIEWS: dict[str, Any] = {
@@ -44,19 +46,18 @@ class Controller:
 
     def __init__(self, kube: Kube, defaults: Defaults, workers: int = 16) -> None:
         self.stores = Stores(VIEWS)
-        self.context = Context(kube, defaults, self.stores, routing.Discovery(kube))
-        self._pending: set[Key] = set()
-        self._running: set[Key] = set()
+        self.context = Context(kube, defaults, self.stores, routing.Discovery(kube), events.Recorder(kube))
+        self.queue = WorkQueue()
         self._failures: dict[Key, int] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}  # one requeue_after timer per key
         self.replicas: Callable[[Key], Mapping[str, int] | None] = lambda _key: None  # spec.autoscaling's counts
+        self.scaling: Callable[[Key], Sequence[Condition] | None] = lambda _key: None  # and its conditions
         # Set once every informer has listed: until then a reconcile would see a partial world (no Deployment
         # status yet: "0 of 1 ready", a false Ready=False written on every restart; a child not listed yet:
         # created again). Events queue up meanwhile and are reconciled after.
         self.synced = asyncio.Event()
         # Set while this replica holds the lease (runtime.py): only the leader writes.
         self.writing = asyncio.Event()
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._workers = [asyncio.create_task(self._work(), name=f"reconcile-{i}") for i in range(workers)]
 
     @property
@@ -75,6 +76,7 @@ class Controller:
 
     async def stop(self) -> None:
         await self.stop_working()
+        await self.context.events.flush(EVENTS_FLUSH_SECONDS)
         for timer in self._timers.values():
             timer.cancel()
         await self.context.kube.close()
@@ -89,7 +91,7 @@ class Controller:
             return
         if kind != KIND:
             if store.put(body, key):  # news, not our own write's echo
-                self.enqueue(key)
+                self.enqueue(key, ROUTINE)
             return
         old = store.get(*key)
         if old is not None and newer(old, body):
@@ -99,8 +101,10 @@ class Controller:
         # A listing (start-up, a reconnect, a resync) reconciles everything; a watch event only a new spec (or a new
         # object of the same name): a status write is ours, or status only.
         old_meta = (old or {}).get("metadata", {})
-        if type_ is None or (meta.get("generation"), meta["uid"]) != (old_meta.get("generation"), old_meta.get("uid")):
-            self.enqueue(key)
+        if type_ is None:
+            self.enqueue(key, ROUTINE)
+        elif (meta.get("generation"), meta["uid"]) != (old_meta.get("generation"), old_meta.get("uid")):
+            self.enqueue(key, URGENT)
 
     def relisted(self, listing: Listing) -> None:
         """A complete listing: what a store holds and the listing lacks was deleted while no watch saw it (a
@@ -123,17 +127,15 @@ class Controller:
         if kind == KIND:
             self._failures.pop(key, None)
             telemetry.OBJECTS.set(len(self.stores[KIND]))
-        else:  # garbage collection after its owner, or a deletion to undo
-            self.enqueue(key)
+        else:  # garbage collection after its owner, or a deletion to undo (a pod's: its ReplicaSet's to undo)
+            self.enqueue(key, ROUTINE if kind == "Pod" else URGENT)
 
     # ---- the queue ---------------------------------------------------------------------------------------
-    def enqueue(self, key: Key) -> None:
-        if key in self._pending:
-            return
-        self._pending.add(key)
-        if key not in self._running:
-            self._queue.put_nowait(key)
-        telemetry.QUEUE.set(len(self._pending))
+    def enqueue(self, key: Key, priority: int = URGENT) -> None:
+        """Reconcile ``key`` soon: :data:`~atom_operator.workqueue.URGENT` for what someone asked for (the
+        default: a scale decision), ``ROUTINE`` for news that only refreshes status."""
+        self.queue.add(key, priority)
+        telemetry.QUEUE.set(len(self.queue))
 
     def enqueue_after(self, key: Key, delay: float) -> None:
         """Reconcile ``key`` in ``delay`` seconds (one timer per key: an earlier one stands)."""
@@ -143,7 +145,7 @@ class Controller:
         def due() -> None:
             del self._timers[key]
             if self.stores[KIND].get(*key) is not None:
-                self.enqueue(key)
+                self.enqueue(key, ROUTINE)
 
         self._timers[key] = asyncio.get_running_loop().call_later(delay, due)
 
@@ -151,16 +153,12 @@ class Controller:
         await self.synced.wait()
         await self.writing.wait()
         while True:
-            key = await self._queue.get()
-            self._pending.discard(key)
-            telemetry.QUEUE.set(len(self._pending))
-            self._running.add(key)
+            key = await self.queue.get()
+            telemetry.QUEUE.set(len(self.queue))
             try:
                 await self._reconcile(key)
             finally:
-                self._running.discard(key)
-                if key in self._pending:  # events arrived while it ran: go again
-                    self._queue.put_nowait(key)
+                self.queue.done(key)
 
     def _retry(self, key: Key, delay: float | None) -> None:
         n = self._failures[key] = self._failures.get(key, 0) + 1
@@ -173,7 +171,7 @@ class Controller:
             return  # gone or going: garbage collection removes the children
         started = time.monotonic()
         try:
-            outcome = await reconcile(self.context, body, self.replicas(key))
+            outcome = await reconcile(self.context, body, self.replicas(key), self.scaling(key))
         except TransientError as e:
             telemetry.RECONCILES.labels("retry").inc()
             log.info("reconcile %s/%s: retry in %ss: %s", *key, e.delay, e)

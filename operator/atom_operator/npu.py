@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:
-    from atom_operator.api.spec import AtomDeploymentSpec
+    from atom_operator.api.spec import AtomDeploymentSpec, DecodeSpec, PrefillSpec
 
 # Rebellions: the device plugin's names (pkg/consts/consts.go), then feature discovery's labels (collector.go).
 RBLN_GENERIC_RESOURCE, RBLN_ATOM_RESOURCE = "rebellions.ai/npu", "rebellions.ai/ATOM"
@@ -205,13 +205,20 @@ def fusion_refusals(spec: AtomDeploymentSpec, profile: NpuProfile = DEFAULT_PROF
     return out
 
 
+def npus_requested(role: DecodeSpec | PrefillSpec, profile: NpuProfile = DEFAULT_PROFILE) -> int:
+    """NPUs one pod of ``role`` requests (its container's limit of the backend's resource): npusPerReplica on an
+    NPU backend, none on cpu. The one count the pod template, the cluster-fit check (:func:`npu_demand`) and the
+    autoscaler's NPU budget use."""
+    return role.npus_per_replica if profile.resource(role.backend) else 0
+
+
 def npu_demand(spec: AtomDeploymentSpec, profile: NpuProfile = DEFAULT_PROFILE) -> dict[str, int]:
     """Extended resource name -> NPUs all replicas of both roles request together, under this cluster's names."""
     demand: dict[str, int] = {}
     for role in (spec.decode, spec.prefill):
-        resource = profile.resource(role.backend)
-        if resource and role.replicas and role.npus_per_replica:
-            demand[resource] = demand.get(resource, 0) + role.replicas * role.npus_per_replica
+        resource, npus = profile.resource(role.backend), npus_requested(role, profile)
+        if resource and role.replicas and npus:
+            demand[resource] = demand.get(resource, 0) + role.replicas * npus
     return demand
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ class Context:
     defaults: Defaults
     stores: Stores
     discovery: routing.Discovery
+    events: events.Recorder
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def reconcile(ctx: Context, body: dict[str, Any], replicas: Mapping[WorkloadRole, int] | None = None
-                    ) -> Outcome:
+async def reconcile(ctx: Context, body: dict[str, Any], replicas: Mapping[WorkloadRole, int] | None = None,
+                    scaling: Sequence[status.Condition] | None = None) -> Outcome:
     """Make the children match ``body`` and write its status if that changed; ``replicas``: each role's count as
-    the autoscaler set it (spec.autoscaling), instead of the spec's."""
+    the autoscaler set it (spec.autoscaling), instead of the spec's; ``scaling``: the autoscaler's conditions, for
+    status.conditions."""
     owner = owner_of(body, ctx.defaults)
     if owner is None:
         return Outcome([], None)
@@ -70,7 +72,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], replicas: Mapping[Worklo
     verdict = routing.condition(owner, served)
     seen = status.Observation(
         body["metadata"].get("generation", 0), role_states(ctx.stores, owner, wanted), artifact_report(
-            ctx.stores, owner, wanted, jobs), verdict)
+            ctx.stores, owner, wanted, jobs), verdict, tuple(scaling or ()))
     new = status.compute(owner, seen, body.get("status"), now(), ctx.defaults.npu)
     again = routing.TTL if routing.waits_for_crd(verdict) else None
     if _same(new, body.get("status") or {}):
@@ -141,7 +143,7 @@ async def converge(ctx: Context, body: dict[str, Any], owner: Owner, wanted: Chi
 
     A Service does not hold up the pods: creating one allocates its cluster IP, the slowest write of all. A child
     of a kind no informer watches that its store lacks is read first, with GETs sent together. A child's Event is
-    posted as soon as it is written and holds up nothing but the end of the reconcile."""
+    recorded as soon as it is written and posted in the background (:class:`atom_operator.events.Recorder`)."""
     ns, key = owner.namespace, (owner.namespace, owner.name)
     refs = [(c["kind"], c["metadata"]["name"]) for c in wanted.desired] + wanted.absent
     found = await asyncio.gather(
@@ -154,7 +156,7 @@ async def converge(ctx: Context, body: dict[str, Any], owner: Owner, wanted: Chi
     services = [c for c in wanted.desired if c["kind"] == "Service"]
     configs = [c for c in wanted.desired if c["kind"] == "ConfigMap"]
     workloads = [c for c in wanted.desired if c["kind"] not in ("Service", "ConfigMap")]
-    writer = _Writer(ctx.kube, body)
+    writer = _Writer(ctx.events, body)
 
     def ensure(child: dict[str, Any]) -> Awaitable[apply.Change | None]:
         kind = child["kind"]
@@ -168,25 +170,21 @@ async def converge(ctx: Context, body: dict[str, Any], owner: Owner, wanted: Chi
                for kind, name in wanted.absent]
         )
 
-    try:
-        failed = await asyncio.gather(
-            writer.round([ensure(c) for c in services]), configs_then_workloads(), return_exceptions=True
-        )
-        for r in failed:
-            if isinstance(r, BaseException):
-                raise r
-    finally:
-        await writer.posted()
+    failed = await asyncio.gather(
+        writer.round([ensure(c) for c in services]), configs_then_workloads(), return_exceptions=True
+    )
+    for r in failed:
+        if isinstance(r, BaseException):
+            raise r
     return writer.changes
 
 
 class _Writer:
     """The writes of one converge, in rounds, and the Events that tell of them."""
 
-    def __init__(self, kube: Kube, body: dict[str, Any]) -> None:
-        self.kube, self.body = kube, body
+    def __init__(self, recorder: events.Recorder, body: dict[str, Any]) -> None:
+        self.recorder, self.body = recorder, body
         self.changes: list[apply.Change] = []
-        self._posting: list[asyncio.Task[None]] = []
 
     async def round(self, writes: list[Awaitable[apply.Change | None]]) -> None:
         # Every write of the round finishes, and those that went out are recorded with their Events, before the
@@ -195,13 +193,10 @@ class _Writer:
         for r in results:
             if isinstance(r, apply.Change):
                 self.changes.append(r)
-                self._posting.append(asyncio.create_task(events.post(self.kube, self.body, r, now())))
+                self.recorder.record(self.body, events.CHILD_REASONS[r.action], str(r), now())
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-
-    async def posted(self) -> None:
-        await asyncio.gather(*self._posting)  # events.post never raises
 
 
 def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:

@@ -114,6 +114,7 @@ async def start(config: Settings) -> Runtime:
     scaler = Autoscaler(kube, controller.stores[KIND].by_key(), controller.stores["Deployment"].get,
                         controller.enqueue)  # fmt: skip
     controller.replicas = scaler.replicas
+    controller.scaling = scaler.conditions
     sink = Fanout(controller, scaler)  # the autoscaler sees the pods as the controller does
     informers = [
         Informer(kube, kind, namespace, owner_of, sink, config.resync_seconds, selector)

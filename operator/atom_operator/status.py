@@ -145,6 +145,7 @@ class Observation:
     roles: tuple[RoleState, ...]  # the roles the spec runs (decode, then prefill when it has replicas)
     artifact: Report | None = None  # the compile Jobs' report (spec.model.compileCache only)
     routing: Condition | None = None  # the InferencePool condition (spec.routing.inferencePool only)
+    scaling: tuple[Condition, ...] = ()  # HPA's ScalingActive, ScalingLimited, AbleToScale (spec.autoscaling only)
 
 
 def compute(
@@ -159,7 +160,7 @@ def compute(
         out[role] = {**counts, "summary": f"{counts['readyReplicas']}/{desired}"}
     previous = {c["type"]: c for c in (old or {}).get("conditions") or [] if "type" in c}
     conditions = [*rollout_conditions(owner, seen, profile), *filter(None, [artifact_condition(seen.artifact),
-                                                                             seen.routing])]
+                                                                             seen.routing]), *seen.scaling]
     out["conditions"] = [c.stamped(seen.generation, previous, now) for c in conditions]
     if seen.artifact is not None:
         out["artifact"] = seen.artifact.summary

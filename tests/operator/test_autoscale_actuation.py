@@ -139,6 +139,28 @@ def test_a_pod_not_ready_goes_first_and_without_waiting() -> None:
     assert p.mark == ("loading",) and p.replicas == 2
 
 
+def test_a_pod_not_ready_goes_before_a_ready_pod_already_draining() -> None:
+    # A drain of "v" is under way (or resumes after a restart) when a pod that is still starting appears: the
+    # ReplicaSet ranks a not-Ready pod below any deletion cost, so it is the one to go; "v" serves again.
+    pods = [pod("a", 2), pod("v", 1, since=0.0), pod("starting", None, ready=False, created=50)]
+    p = plan(pods, replicas=3, desired=2, now=10, timeout=600)
+    assert p.draining == ("starting",) and p.uncordon == ("v",)
+    assert p.cordon == ("starting",) and p.mark == ("starting",)  # nothing to wait for: cordon and mark at once
+    p = plan([pod("a", 2), pod("v", 0, since=0.0, cost=True), pod("starting", None, ready=False, since=10)],
+             replicas=3, desired=2, now=20, timeout=600)  # fmt: skip
+    assert p.draining == ("starting",) and p.uncordon == ("v",) and p.replicas == 3
+
+
+def test_a_drained_pod_is_not_released_while_a_not_ready_victim_is_not() -> None:
+    # Two to go: "v" drained and marked, "starting" cordoned but its cost not seen yet. Lowering replicas by one
+    # now would make the ReplicaSet remove "starting" (not Ready ranks first), not "v": wait for both.
+    pods = [pod("a", 2), pod("v", 0, since=0.0, cost=True), pod("starting", None, ready=False, since=5)]
+    p = plan(pods, replicas=3, desired=1, now=20, timeout=600)
+    assert set(p.draining) == {"v", "starting"} and p.replicas == 3 and p.mark == ("starting",)
+    pods[2] = pod("starting", None, ready=False, since=5, cost=True)
+    assert plan(pods, replicas=3, desired=1, now=21, timeout=600).replicas == 1
+
+
 def test_a_drain_waits_for_idle_then_marks_then_releases() -> None:
     busy = [pod("a", 2), pod("v", 4, since=0.0)]
     assert plan(busy, 2, 1, now=10, timeout=600).replicas == 2 and not plan(busy, 2, 1, 10, 600).mark
@@ -197,3 +219,143 @@ def test_a_plan_never_releases_a_pod_it_did_not_drain(pods: list[PodState], desi
     assert len(p.draining) == max(0, replicas - desired)
     for name in p.uncordon:  # only pods that were cordoned or marked
         assert by_name[name].cordoned_since is not None or by_name[name].cost_applied
+
+
+# ------------------------------------------------------------------------------------------------------- the loop
+
+KEY = ("ns", "llm")
+
+
+class FakeKube:
+    """The writes the loop makes, and the stored object a merge patch of its status leaves (as the watch sees)."""
+
+    def __init__(self, owners: dict) -> None:
+        self.owners, self.status_writes, self.events = owners, [], []
+
+    async def patch_status(self, kind: str, namespace: str, name: str, patch: dict) -> dict:
+        self.status_writes.append(patch)
+
+        def merge(into: dict, p: dict) -> dict:
+            for k, v in p.items():
+                if v is None:
+                    into.pop(k, None)
+                elif isinstance(v, dict):
+                    into[k] = merge(dict(into.get(k) or {}), v)
+                else:
+                    into[k] = v
+            return into
+
+        body = self.owners[(namespace, name)]
+        self.owners[(namespace, name)] = {**body, "status": merge(dict(body.get("status") or {}), patch["status"])}
+        return self.owners[(namespace, name)]
+
+    async def create(self, obj: dict) -> dict:
+        self.events.append(obj["reason"])
+        return obj
+
+    def resource(self, kind: str):  # noqa: ANN201 - the pods' path, for their patches
+        return type("R", (), {"path": staticmethod(lambda name, ns: f"/api/v1/namespaces/{ns}/pods/{name}")})
+
+    async def request(self, method: str, path: str, **_kw: object) -> dict:
+        return {}
+
+
+def autoscaled_owner() -> dict:
+    return {
+        "apiVersion": "serving.atom.dev/v1alpha1", "kind": "AtomDeployment",
+        "metadata": {"name": "llm", "namespace": "ns", "uid": "u1", "generation": 1},
+        "spec": {"model": {"source": "builtin:tiny"},
+                 "decode": {"replicas": 2, "backend": "cpu", "npusPerReplica": 0, "lanes": 4, "kvBlocks": 6},
+                 "autoscaling": {"mode": "Operator", "intervalSeconds": 15,
+                                 "decode": {"minReplicas": 1, "maxReplicas": 3, "targetOccupancyPercent": 100}}},
+    }  # fmt: skip
+
+
+def autoscaler(monkeypatch: pytest.MonkeyPatch, owners: dict, running: list[float], clock: list[float]):
+    from atom_operator.autoscale import loop
+
+    async def fake_scrape(_session, urls, **_kw):  # noqa: ANN001, ANN202
+        return {n: Sample(clock[0], {observe.RUNNING: running[0], observe.WAITING: 0.0}) for n in urls}
+
+    monkeypatch.setattr(loop, "scrape", fake_scrape)
+    enqueued: list = []
+    scaler = loop.Autoscaler(FakeKube(owners), owners, lambda _ns, _name: None, enqueued.append,
+                             clock=lambda: clock[0])  # fmt: skip
+    scaler._session = object()  # type: ignore[assignment]  # scrape is replaced
+    scaler.pods[KEY] = {
+        n: loop.PodInfo(n, "decode", f"10.0.0.{i}", True, 0.0, None, False) for i, n in enumerate(("a", "b"))
+    }
+    return scaler, enqueued
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_decisions_that_change_nothing_write_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    owners = {KEY: autoscaled_owner()}
+    running, clock = [2.0], [1000.0]
+    scaler, _ = autoscaler(monkeypatch, owners, running, clock)
+    await scaler.step(KEY)
+    clock[0] += 15
+    await scaler.step(KEY)  # the same observations, a later decision: lastDecisionTime alone would differ
+    assert len(scaler.kube.status_writes) == 1
+    written = owners[KEY]["status"]["autoscaling"]
+    assert written["decode"]["desiredReplicas"] == 2 and "lastScaleTime" not in written["decode"]
+    clock[0] += 15
+    running[0] = 4.0  # 8 sequences on 4 lanes a pod: 2 pods -> the demand changed, so does the status
+    await scaler.step(KEY)
+    assert len(scaler.kube.status_writes) == 2
+    # A restarted operator whose first decision finds the same in status writes nothing either.
+    again, _ = autoscaler(monkeypatch, owners, running, clock)
+    clock[0] += 15
+    await again.step(KEY)
+    assert len(again.kube.status_writes) == 0
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_hpa_conditions_go_to_status_conditions_through_the_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atom_operator import status
+    from atom_operator.api import AtomDeployment
+    from atom_operator.children import Owner
+
+    owners = {KEY: autoscaled_owner()}
+    running, clock = [2.0], [1000.0]
+    scaler, enqueued = autoscaler(monkeypatch, owners, running, clock)
+    assert scaler.conditions(KEY) == ()  # autoscaling on, nothing decided or stored yet
+    await scaler.step(KEY)
+    assert enqueued == [KEY]  # the reconciler writes status.conditions
+    found = scaler.conditions(KEY)
+    assert [c.type for c in found] == ["ScalingActive", "ScalingLimited", "AbleToScale"]
+    assert "conditions" not in owners[KEY]["status"]["autoscaling"]
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert enqueued == [KEY]  # unchanged conditions: no reconcile asked for
+    # The reconciler's status: HPA's conditions beside Ready, where kubectl describe and kubectl wait look.
+    spec = AtomDeployment.model_validate(owners[KEY]).spec
+    seen = status.Observation(1, (), scaling=tuple(found))
+    out = status.compute(Owner("llm", "ns", "u1", spec), seen, None, "2026-12-05T00:00:00Z")
+    types = {c["type"]: c for c in out["conditions"]}
+    assert {"Ready", "ScalingActive", "ScalingLimited", "AbleToScale"} <= set(types)
+    assert types["ScalingActive"]["status"] == "True" and types["ScalingActive"]["reason"] == "ValidMetrics"
+    # After a restart, before its first decision, the autoscaler hands back what status has (no flap) ...
+    owners[KEY] = {**owners[KEY], "status": {**owners[KEY]["status"], "conditions": out["conditions"]}}
+    fresh, _ = autoscaler(monkeypatch, owners, running, clock)
+    assert [(c.type, c.ok, c.reason) for c in fresh.conditions(KEY)] == [(c.type, c.ok, c.reason) for c in found]
+    # ... and none once autoscaling is off.
+    owners[KEY]["spec"]["autoscaling"]["mode"] = "Off"
+    assert fresh.conditions(KEY) is None
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_scale_down_is_announced_once_not_at_each_drain_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    owners = {KEY: autoscaled_owner()}
+    running, clock = [0.0], [1000.0]
+    scaler, _ = autoscaler(monkeypatch, owners, running, clock)
+    await scaler.step(KEY)  # the start's down window holds the count
+    clock[0] += 300
+    await scaler.step(KEY)  # 2 -> 1: a victim is cordoned; the Deployment keeps 2 until it drained
+    assert scaler.kube.events == ["ScaledDown", "DrainStarted"]
+    writes = len(scaler.kube.status_writes)
+    for _ in range(2):  # the drain goes on (the watch has not shown the cordon): the same decision each time
+        clock[0] += 15
+        await scaler.step(KEY)
+    assert scaler.kube.events.count("ScaledDown") == 1
+    assert len(scaler.kube.status_writes) == writes  # lastScaleTime stays the scale's

@@ -18,6 +18,7 @@ from atom_operator.autoscale.decision import (
     decide,
     utilization_for_slo,
 )
+from atom_operator.autoscale.loop import direction
 from atom_operator.autoscale.policy import Policy, policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,6 +123,8 @@ def test_both_roles_beyond_the_budget_share_it_by_their_need() -> None:
     assert (d.prefill.recommended, d.decode.recommended) == (3, 2)
     assert pair(d) == (2, 2)  # min(2/3, 2/2) beats min(3/3, 1/2)
     assert condition(d, "ScalingLimited") == ("True", "NPUBudget")
+    limited = next(c for c in d.conditions if c.type == "ScalingLimited").message
+    assert "the targets 3:2: they need 5 NPUs, autoscaling.npuBudget is 4 (2:2 holds 4)" in limited, limited
     assert not decide(obs, State(), make_policy(npuBudget=None), now=0.0).conditions[1].status == "True"
 
 
@@ -187,6 +190,25 @@ def test_scale_down_waits_for_the_window_and_the_start() -> None:
     assert (d.decode.desired, d.prefill.desired) == (2, 1)  # one pod per role per decision
     low2 = load(0.2, 200, 5.0, decode=2, prefill=1)
     assert decide(low2, d.state, p, now=65.0).decode.desired == 1
+
+
+def test_a_scale_is_stamped_once_not_at_every_decision_of_its_drain() -> None:
+    # Decode 3 -> 2 at 60 s; the drain keeps the Deployment at 3 for the next decisions: no new scale, no new
+    # lastScaleTime (status.autoscaling would otherwise be rewritten, and ScaledDown posted, every interval).
+    p = make_policy(npuBudget=None, decode={"minReplicas": 1, "maxReplicas": 3}, prefill=None, ratio=None)
+    low = load(0.2, 200, 5.0, decode=3)
+    low = replace(low, prefill=None)
+    state = replace(State(), started=0.0)
+    d = decide(low, state, p, now=60.0)
+    assert d.decode.desired == 2 and d.scaled == ("decode",) and d.state.last_scale == {"decode": 60.0}
+    assert direction("decode", d.decode, d) == "down"  # atom_autoscaler_decisions_total counts it once
+    for t in (65.0, 70.0):
+        d = decide(low, d.state, p, now=t)
+        assert d.decode.desired == 2 and d.decode.current == 3  # still draining
+        assert d.scaled == () and d.state.last_scale == {"decode": 60.0}
+        assert direction("decode", d.decode, d) == "none"
+    d = decide(replace(low, decode=replace(low.decode, replicas=2, ready=2, answered=2)), d.state, p, now=75.0)
+    assert d.decode.desired == 1 and d.scaled == ("decode",) and d.state.last_scale == {"decode": 75.0}
 
 
 def test_a_spike_inside_the_window_keeps_the_count() -> None:
@@ -381,3 +403,38 @@ def test_decode_capacity_is_lanes_times_occupancy() -> None:
     for sequences in (1.0, 2.0, 2.1, 9.0, 40.0):
         o = replace(obs, decode=replace(obs.decode, sequences=sequences, waiting_for_kv=0.0))
         assert decide(o, State(), p, 0.0).decode.desired == max(1, math.ceil(sequences / (LANES * 0.5)))
+
+
+@pytest.mark.parametrize(
+    ("decode", "prefill"),
+    [
+        ({"backend": "atom", "npusPerReplica": 2}, {"backend": "rngd", "npusPerReplica": 1}),
+        ({"backend": "atom", "npusPerReplica": 1}, {"backend": "cpu", "npusPerReplica": 0}),
+        ({"backend": "cpu", "npusPerReplica": 0}, {"backend": "atom", "npusPerReplica": 4}),
+    ],
+)
+def test_the_budget_counts_the_npus_each_pod_requests(decode: dict, prefill: dict) -> None:
+    # One count for the pod template's NPU limit and the budget (npu.npus_requested): a pair's cost is what its
+    # pods request, whatever the backends.
+    from atom_operator.children import Defaults, build_children
+    from atom_operator.children.meta import Owner
+
+    spec = AtomDeploymentSpec.model_validate({
+        "model": {"source": "builtin:tiny"},
+        "decode": {**decode, "replicas": 1, "lanes": LANES, "kvBlocks": 6, "localPrefill": False},
+        "prefill": {**prefill, "replicas": 1},
+        "autoscaling": {"mode": "Operator", "decode": {"minReplicas": 1, "maxReplicas": 3},
+                        "prefill": {"minReplicas": 1, "maxReplicas": 3}, "npuBudget": 99},
+    })  # fmt: skip
+    defaults = Defaults()
+    requested = {}
+    for child in build_children(Owner("llm", "ns", "u1", spec), defaults).desired:
+        if child["kind"] == "Deployment" and child["metadata"]["name"] in ("llm-decode", "llm-prefill"):
+            role = child["metadata"]["name"].removeprefix("llm-")
+            backend = getattr(spec, role).backend
+            limits = child["spec"]["template"]["spec"]["containers"][0]["resources"].get("limits") or {}
+            resource = defaults.npu.resource(backend)
+            requested[role] = int(limits.get(resource, 0)) if resource else 0
+    p = policy(spec)
+    assert (p.npus_decode, p.npus_prefill) == (requested["decode"], requested["prefill"])
+    assert p.cost(2, 3) == 2 * requested["prefill"] + 3 * requested["decode"]

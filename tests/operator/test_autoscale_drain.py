@@ -141,6 +141,11 @@ def drained_scale_down(cluster, op, namespace: str, tmp_path: Path, mode: str, r
         assert cordoned(cluster, namespace) == []
         obj = cluster.get("atomdeployment", "llm", "-n", namespace)
         assert obj["status"]["autoscaling"]["decode"]["desiredReplicas"] == 1
+        assert "conditions" not in obj["status"]["autoscaling"]
+        # HPA's conditions beside Ready, where kubectl describe and kubectl wait read them.
+        wait_for(lambda: {"Ready", "ScalingActive", "ScalingLimited", "AbleToScale"} <= {
+            c["type"] for c in cluster.get("atomdeployment", "llm", "-n", namespace)["status"].get("conditions") or []
+        }, "the autoscaling conditions in status.conditions", timeout=30)  # fmt: skip
         assert cluster.get("deployment", "llm-decode", "-n", namespace)["spec"]["replicas"] == 1
         reasons = {e["reason"] for e in cluster.get("events", "-n", namespace)["items"]}
         assert {"DrainStarted", "DrainFinished", "ScaledDown"} <= reasons, reasons
@@ -179,6 +184,9 @@ def test_turning_autoscaling_off_uncordons_and_restores_the_spec(
         pods = decode_pods(cluster, namespace)
         assert victim[0] in pods and COST not in (pods[victim[0]]["metadata"].get("annotations") or {})
         assert cluster.get("deployment", "llm-decode", "-n", namespace)["spec"]["replicas"] == 2
+        wait_for(lambda: not {"ScalingActive", "ScalingLimited", "AbleToScale"} & {
+            c["type"] for c in cluster.get("atomdeployment", "llm", "-n", namespace)["status"].get("conditions") or []
+        }, "no autoscaling condition once autoscaling is off", timeout=30)  # fmt: skip
         for s in streams:
             s.join(60)
             assert s.error is None and s.finish == "length"

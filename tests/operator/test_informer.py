@@ -9,6 +9,7 @@ from atom_operator.api import GROUP, KIND
 from atom_operator.children import Defaults
 from atom_operator.controller import Controller
 from atom_operator.informer import Listing, controlled_by, labelled
+from atom_operator.workqueue import WorkQueue
 
 OWNER = ("ns", "llm")
 
@@ -30,10 +31,10 @@ def listing(kind: str, version: int, *items: dict[str, Any], namespace: str | No
 async def test_a_child_missing_from_a_listing_was_deleted_unseen_and_its_owner_is_reconciled() -> None:
     c = controller()
     c.relisted(listing("Service", 10, child("Service", "llm", 5)))
-    c._pending.clear()
+    c.queue = WorkQueue()  # forget the listing's own enqueue
     c.relisted(listing("Service", 20))  # deleted while no watch was connected: no DELETED event ever came
     assert c.stores["Service"].get("ns", "llm") is None
-    assert OWNER in c._pending
+    assert OWNER in c.queue
 
 
 async def test_a_child_written_after_the_listing_was_taken_is_not_a_tombstone() -> None:

@@ -54,10 +54,13 @@ class RoleScalingStatus(_Status):
 
 
 class AutoscalingStatus(_Status):
-    """What spec.autoscaling decided last, and why."""
+    """What spec.autoscaling decided last, and why (its HPA conditions are in status.conditions)."""
 
     last_decision_time: str | None = Field(
-        None, json_schema_extra={"format": "date-time"}, description="When the last decision was made (RFC 3339)."
+        None,
+        json_schema_extra={"format": "date-time"},
+        description="When the decision this status reports was made (RFC 3339). A decision that changes nothing"
+        " here is not written, so an idle deployment costs no writes; its conditions are in status.conditions.",
     )
     decode: RoleScalingStatus | None = Field(None, description="The decode role.")
     prefill: RoleScalingStatus | None = Field(None, description="The prefill workers.")
@@ -65,13 +68,6 @@ class AutoscalingStatus(_Status):
         None, max_length=32, description="prefill:decode of the desired replicas, e.g. 1:2."
     )
     reason: str | None = Field(None, max_length=1024, description="The last decision in one line.")
-    conditions: list[Condition] | None = Field(
-        None,
-        max_length=8,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="HPA's conditions, with its names: ScalingActive (metrics read), ScalingLimited (bounds, ratio"
-        " band or NPU budget held a role), AbleToScale (a drain, a rollout or a window holds a change).",
-    )
 
 
 class AtomDeploymentStatus(_Status):
@@ -82,8 +78,9 @@ class AtomDeploymentStatus(_Status):
         None,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing and Degraded; ArtifactReady with spec.model.compileCache; ScalingActive,"
-        " ScalingLimited and AbleToScale with spec.autoscaling.",
+        description="Ready, Progressing and Degraded; ArtifactReady with spec.model.compileCache; with"
+        " spec.autoscaling, HPA's ScalingActive (metrics read), ScalingLimited (bounds, ratio band or NPU budget held"
+        " a role) and AbleToScale (a drain, a rollout or a window holds a change).",
     )
     decode: RoleStatus | None = Field(None, description="Decode pods; decode.replicas backs the scale subresource.")
     prefill: RoleStatus | None = Field(None, description="Prefill worker pods.")

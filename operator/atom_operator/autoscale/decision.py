@@ -77,7 +77,8 @@ class State:
 
     started: float | None = None
     history: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)  # role -> (time, rec)
-    last_scale: dict[str, float] = field(default_factory=dict)
+    last_scale: dict[str, float] = field(default_factory=dict)  # role -> when its desired count last changed
+    desired: dict[str, int] = field(default_factory=dict)  # role -> the last decision's count
     tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
 
 
@@ -105,9 +106,11 @@ class Decision:
     reason: str
     conditions: tuple[Condition, ...]
     state: State
+    scaled: tuple[str, ...] = ()  # roles this decision gave a new desired count (their lastScaleTime is now)
 
     @property
     def changed(self) -> bool:
+        """A desired count differs from the current one (also while a drain carries out an earlier decision)."""
         return any(r is not None and r.desired != r.current for r in (self.decode, self.prefill))
 
 
@@ -299,12 +302,17 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         history["decode"] = d_hist
     if p_hist:
         history["prefill"] = p_hist
-    last_scale = dict(state.last_scale)
-    if d_new != d_cur:
-        last_scale["decode"] = now
-    if obs.prefill is not None and p_new != p_cur:
-        last_scale["prefill"] = now
-    state = replace(state, history=history, last_scale=last_scale)
+    # A scale is a new desired count, not a count still on its way (a drain keeps current above desired for
+    # several decisions, each of which would otherwise stamp it again).
+    last_scale, desired, scaled = dict(state.last_scale), dict(state.desired), []
+    for role, new, cur in (("decode", d_new, d_cur), ("prefill", p_new, p_cur)):
+        if role == "prefill" and obs.prefill is None:
+            continue
+        if new != desired.get(role, cur):
+            last_scale[role] = now
+            scaled.append(role)
+        desired[role] = new
+    state = replace(state, history=history, last_scale=last_scale, desired=desired)
 
     decode = RoleDecision(d_cur, d_rec, d_new, d_demand, d_need.load if d_need else None)
     prefill = None
@@ -312,7 +320,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         demand = p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
         prefill = RoleDecision(p_cur, p_rec, p_new, demand, p_need.load if p_need else None)
     conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy)
-    return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state)
+    return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state, tuple(scaled))
 
 
 def _limit_at_bounds(role: str, need: _Need | None, lo: int, hi: int) -> str:
@@ -337,7 +345,15 @@ def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy) -> 
         active = Condition("ScalingActive", "True", "ValidMetrics", "the pods' metrics were read")
     limits = []
     if limit:
-        limits.append(f"{limit}: the pair {prefill.desired if prefill else 0}:{decode.desired} (prefill:decode)")
+        got = (prefill.desired if prefill else 0, decode.desired)
+        wanted = (stable[1] if prefill else 0, stable[0])
+        why = f"{limit}: the pair {got[0]}:{got[1]} (prefill:decode), not the targets {wanted[0]}:{wanted[1]}"
+        if limit == "NPUBudget":
+            why += (f": they need {policy.cost(*wanted)} NPUs, autoscaling.npuBudget is {policy.npu_budget}"
+                    f" ({got[0]}:{got[1]} holds {policy.cost(*got)})")  # fmt: skip
+        elif limit == "RatioAdjusted":
+            why += ": outside autoscaling.ratio"
+        limits.append(why)
     limits += [x for x in (_limit_at_bounds("decode", needs[0], b.decode_min, b.decode_max),) if x]
     if prefill is not None and policy.prefill_scaled:
         limits += [x for x in (_limit_at_bounds("prefill", needs[1], b.prefill_min, b.prefill_max),) if x]

@@ -2,14 +2,19 @@
 
 A role shrinks from ``replicas`` to ``desired`` pod by pod:
 
-1. **Victims**: pods already cordoned first (a drain resumes after a restart: the label and its time are on the
-   pod), then pods not Ready (nothing in flight), then the Ready pod with the least in flight, ties to the newest.
+1. **Victims**: pods not Ready first (still starting: nothing in flight, nothing to drain), then pods already
+   cordoned (a drain resumes after a restart: the label and its time are on the pod), then the Ready pod with the
+   least in flight, ties to the newest. Not Ready before cordoned, as the ReplicaSet ranks them (not Ready before
+   any deletion cost): a not-Ready pod left out while a drained one is released would be the one it removes.
 2. **Cordon**: the pod's accepting label goes "false", so the Services and the InferencePool (whose selectors carry
    it) stop sending it work; it keeps serving what it has.
 3. **Idle**: once its engine reports nothing in flight (after endpoints had time to drop it), or the drain timed
-   out, it gets the lowest ``controller.kubernetes.io/pod-deletion-cost``.
+   out, it gets the lowest ``controller.kubernetes.io/pod-deletion-cost``. A victim not Ready has nothing to wait
+   for: it is cordoned and marked in the same interval (cordoned all the same, so that turning Ready meanwhile
+   brings it no request).
 4. **Release**: only victims whose cost the operator has seen applied count toward lowering the Deployment's
-   replicas, so the ReplicaSet, ranking by that cost, removes exactly them.
+   replicas, so the ReplicaSet, ranking by that cost, removes exactly them; a Ready victim only once every
+   not-Ready victim is released too (the ReplicaSet would take a not-Ready pod first).
 
 Level-based: every pod that is not a victim is un-cordoned and loses the cost, so load returning during a drain
 (``desired`` back up), turning autoscaling off, or a restart that finds another decision never leaves one behind.
@@ -47,7 +52,7 @@ class Plan:
 
 
 def _order(p: PodState) -> tuple:
-    return (p.cordoned_since is None, p.ready, p.in_flight if p.in_flight is not None else float("inf"), -p.created)
+    return (p.ready, p.cordoned_since is None, p.in_flight if p.in_flight is not None else float("inf"), -p.created)
 
 
 def plan(pods: Sequence[PodState], replicas: int, desired: int, now: float, timeout: float) -> Plan:
@@ -60,22 +65,24 @@ def plan(pods: Sequence[PodState], replicas: int, desired: int, now: float, time
     if surplus == 0:
         return Plan(replicas=desired, uncordon=uncordon)  # growing (or level): at once, and no drain is wanted
     cordon = tuple(p.name for p in victims if p.cordoned_since is None)
-    mark, timed_out, released = [], [], 0
+    mark, timed_out, released = [], [], []
     for p in victims:
-        if p.cordoned_since is None:
-            continue
-        waited = now - p.cordoned_since
+        if p.cordoned_since is None and p.ready:
+            continue  # cordoned this interval; its drain starts now
+        waited = now - p.cordoned_since if p.cordoned_since is not None else 0.0
         done = (not p.ready) or (p.idle and p.in_flight == 0 and waited >= SETTLE_SECONDS)
         late = waited >= timeout
         if done or late:
-            if p.cost_applied:
-                released += 1
-            else:
+            if p.cost_applied and p.cordoned_since is not None:
+                released.append(p)
+            elif not p.cost_applied:
                 mark.append(p.name)
                 if late and not done:
                     timed_out.append(p.name)
+    if any(not p.ready and p not in released for p in victims):
+        released = [p for p in released if not p.ready]  # the ReplicaSet would remove the not-Ready one instead
     return Plan(
-        replicas=replicas - released,
+        replicas=replicas - len(released),
         cordon=cordon,
         uncordon=uncordon,
         mark=tuple(mark),

@@ -4,7 +4,10 @@ It plugs into the operator through three small seams: it sees pods as the inform
 beside the controller), the reconciler asks it for each role's replicas (:meth:`Autoscaler.replicas`, applied by
 :func:`with_replicas` before the children are built), and it asks the controller to reconcile a key again when
 they changed. Everything it writes itself is on pods (the accepting label, the drain's annotations) and
-``status.autoscaling``, a key no other writer touches.
+``status.autoscaling``, a key no other writer touches, and only when what it says changed (an idle operator writes
+nothing). Its conditions (HPA's ScalingActive, ScalingLimited, AbleToScale) go in ``status.conditions`` beside
+Ready, where ``kubectl describe`` and ``kubectl wait`` read them: the reconciler writes that list whole, so it asks
+the autoscaler for them (:meth:`Autoscaler.conditions`) as it asks for the replicas.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from atom_operator import events
+from atom_operator import status as owner_status
 from atom_operator.api import GROUP, AtomDeployment, AtomDeploymentSpec
 from atom_operator.autoscale import drain, observe, telemetry
-from atom_operator.autoscale.decision import Decision, State, decide
+from atom_operator.autoscale.decision import Condition, Decision, RoleDecision, State, decide
 from atom_operator.autoscale.policy import policy
 from atom_operator.autoscale.scrape import CONCURRENCY, Sample, scrape
 from atom_operator.children.meta import ACCEPTING, ROLES, Owner, WorkloadRole, workload_name
@@ -37,6 +42,10 @@ LOWEST_COST = str(-(2**31))  # the ReplicaSet removes the lowest cost first
 METRICS_PORT = 9090  # the pods' metrics port (children/workload.py)
 TICK_SECONDS = 1.0
 UNCORDONED = {"labels": {ACCEPTING: "true"}, "annotations": {DRAINING_SINCE: None, DELETION_COST: None}}
+# HPA's condition names, in status.conditions while spec.autoscaling is on.
+CONDITION_TYPES = ("ScalingActive", "ScalingLimited", "AbleToScale")
+# Fields of status.autoscaling that change with every decision: a write is due only when something else changed.
+STAMPS = ("lastDecisionTime",)
 
 
 def with_replicas(owner: Owner, replicas: Mapping[WorkloadRole, int] | None) -> Owner:
@@ -98,6 +107,29 @@ class _Tracked:
     decided_at: float = float("-inf")
     samples: dict[str, Sample] = field(default_factory=dict)  # pod -> its last scrape
     drains: set[str] = field(default_factory=set)
+    conditions: tuple[Condition, ...] = ()  # the last decision's, for the reconciler's status.conditions
+    written: dict[str, Any] | None = None  # status.autoscaling as last written, without STAMPS
+
+
+def _content(autoscaling: dict[str, Any] | None) -> dict[str, Any]:
+    """status.autoscaling as compared for a write: no per-decision stamps, no nulls (a merge patch drops them)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return clean({k: v for k, v in (autoscaling or {}).items() if k not in STAMPS})
+
+
+def direction(role: str, r: RoleDecision, d: Decision) -> str:
+    """What a decision did to a role: a new desired count up or down, or none (also while a drain carries out an
+    earlier one, when desired stays below current for several decisions)."""
+    if role not in d.scaled or r.desired == r.current:
+        return "none"
+    return "up" if r.desired > r.current else "down"
 
 
 class Autoscaler:
@@ -146,6 +178,23 @@ class Autoscaler:
             if deployment is not None and "replicas" in deployment.get("spec", {}):
                 held[role] = int(deployment["spec"]["replicas"])
         return held or None
+
+    def conditions(self, key: Key) -> tuple[owner_status.Condition, ...] | None:
+        """HPA's conditions for the reconciler's status.conditions; None while autoscaling is off. Before the first
+        decision after a start, those status has (a restart does not drop them and stamp them anew)."""
+        tracked = self.tracked.get(key)
+        if tracked and tracked.conditions:
+            return tuple(owner_status.Condition(c.type, c.status == "True", c.reason, c.message)
+                         for c in tracked.conditions)  # fmt: skip
+        body = self.owners.get(key) or {}
+        autoscaling = (body.get("spec") or {}).get("autoscaling") or {}
+        if autoscaling.get("mode") not in ("Operator", "External"):
+            return None
+        return tuple(
+            owner_status.Condition(c["type"], c.get("status") == "True", c.get("reason") or "", c.get("message") or "")
+            for c in ((body.get("status") or {}).get("conditions") or [])
+            if c.get("type") in CONDITION_TYPES
+        )
 
     # ---- the loop ------------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -230,6 +279,9 @@ class Autoscaler:
             self._record(key, decision)
             await self._post_status(key, decision, now)
         changed = False
+        if due and tracked.conditions != decision.conditions:
+            tracked.conditions = decision.conditions
+            changed = True  # the reconciler writes them into status.conditions
         for role in roles:
             desired = tracked.desired.get(role, current[role])
             states = [
@@ -303,8 +355,7 @@ class Autoscaler:
             telemetry.RECOMMENDED.labels(*key, role).set(r.recommended)
             if r.load is not None:
                 telemetry.DEMAND.labels(*key, role).set(r.load)
-            direction = "up" if r.desired > r.current else "down" if r.desired < r.current else "none"
-            telemetry.DECISIONS.labels(role, direction).inc()
+            telemetry.DECISIONS.labels(role, direction(role, r, d)).inc()
 
     async def _post_status(self, key: Key, d: Decision, now: float) -> None:
         tracked = self.tracked[key]
@@ -321,46 +372,29 @@ class Autoscaler:
                 "lastScaleTime": _rfc3339(last) if last is not None else None,
                 "demand": r.demand[:256],
             }
-        before = {c.get("type"): c for c in (((self.owners.get(key) or {}).get("status") or {}).get("autoscaling")
-                                              or {}).get("conditions") or []}  # fmt: skip
-        conditions = []
-        for c in d.conditions:
-            old = before.get(c.type) or {}
-            moved = old.get("status") != c.status or "lastTransitionTime" not in old
-            since = _rfc3339(now) if moved else old["lastTransitionTime"]
-            conditions.append({"type": c.type, "status": c.status, "reason": c.reason, "message": c.message[:32768],
-                               "lastTransitionTime": since})  # fmt: skip
-        status = {"lastDecisionTime": _rfc3339(now), **roles, "reason": d.reason[:1024], "conditions": conditions,
+        # "conditions": None removes the list an earlier operator kept here (they are in status.conditions now).
+        status = {"lastDecisionTime": _rfc3339(now), **roles, "reason": d.reason[:1024], "conditions": None,
                   "currentRatio": f"{d.prefill.desired}:{d.decode.desired}" if d.prefill else None}  # fmt: skip
-        try:
-            await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
-        except KubeError as e:
-            if e.status != 404:
-                raise
-        if d.changed:
+        content = _content(status)
+        stored = _content(((self.owners.get(key) or {}).get("status") or {}).get("autoscaling"))
+        if content not in (tracked.written, stored):
+            try:
+                await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
+            except KubeError as e:
+                if e.status != 404:
+                    raise
+            else:
+                tracked.written = content
+        if d.scaled:
             body = self.owners.get(key)
             if body is not None:
                 up = any(r is not None and r.desired > r.current for r in (d.decode, d.prefill))
                 await self._event(body, "ScaledUp" if up else "ScaledDown", d.reason[:1024])
 
     async def _event(self, owner: dict[str, Any], reason: str, message: str, warning: bool = False) -> None:
-        from atom_operator.children.meta import MANAGER
-
-        meta = owner["metadata"]
-        now = _rfc3339(self.clock())
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "type": "Warning" if warning else "Normal", "reason": reason, "message": message,
-            "source": {"component": MANAGER}, "reportingComponent": MANAGER, "reportingInstance": MANAGER,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }  # fmt: skip
-        try:
-            await self.kube.create(event)
-        except Exception as e:  # noqa: BLE001 - an Event is a courtesy
-            log.warning("event not posted: %s %s: %s", reason, message, e)
+        # Awaited, unlike the reconciler's (events.Recorder): a few per scale or drain step, on a loop that waits on
+        # the API server for its own writes anyway.
+        await events.post(self.kube, events.build_event(owner, reason, message, _rfc3339(self.clock()), warning))
 
 
 class Fanout:

@@ -8,6 +8,7 @@ from atom_operator.api.autoscaling_rules import bounds as _spec_bounds
 from atom_operator.api.autoscaling_rules import ratio_band as _spec_band
 from atom_operator.api.band import Band, Bounds
 from atom_operator.api.spec import AtomDeploymentSpec
+from atom_operator.npu import npus_requested
 
 # The busy share a prefill worker is sized for when neither the spec nor an SLO says (the design's default).
 DEFAULT_UTILIZATION = 0.70
@@ -68,8 +69,9 @@ def policy(spec: AtomDeploymentSpec, *, coupled: bool = True) -> Policy:
         else None,
         band=_spec_band(view),
         npu_budget=a.npu_budget,
-        npus_decode=spec.decode.npus_per_replica,
-        npus_prefill=spec.prefill.npus_per_replica,
+        # What each pod's template requests (the same function builds it): the budget counts the pods' own NPUs.
+        npus_decode=npus_requested(spec.decode),
+        npus_prefill=npus_requested(spec.prefill),
         tolerance=a.behavior.tolerance_percent / 100,
         up_window=float(a.behavior.scale_up.stabilization_window_seconds),
         up_pods=a.behavior.scale_up.max_pods_per_interval,

@@ -23,6 +23,7 @@ from atom_operator.children.meta import (
     traffic_selector,
     workload_name,
 )
+from atom_operator.npu import npus_requested
 
 METRICS_PORT = 9090
 # Covers the engine's whole shutdown (its drain, then in-flight requests up to their limit) with room to spare,
@@ -65,10 +66,10 @@ def _resources(owner: Owner, role: WorkloadRole, defaults: Defaults) -> dict[str
     }
     # CPU and memory the user leaves out get defaults sized from the model (never BestEffort).
     out = sizing.with_defaults(out, sizing.default_resources(owner.spec, role))
-    npu = defaults.npu.resource(spec.backend)
-    if npu and spec.npus_per_replica:
+    npu, npus = defaults.npu.resource(spec.backend), npus_requested(spec, defaults.npu)
+    if npu and npus:
         # Extended resources are requested through limits (requests default to them and may not differ).
-        out.setdefault("limits", {})[npu] = str(spec.npus_per_replica)
+        out.setdefault("limits", {})[npu] = str(npus)
         out.get("requests", {}).pop(npu, None)
     return out
 

@@ -49,6 +49,10 @@ from atom_engine.pd.wire import (
 
 log = logging.getLogger("atom_engine.pd")
 SOCKET_BUFFER = 4 << 20  # asked of the kernel for both directions (it may cap it)
+PIECE = 1 << 20  # the most one receive takes: hashed right after it lands, while it is still in the CPU's cache
+# Bytes received without returning to the event loop: a large frame that keeps the kernel's buffer full must not
+# stall the server's other streams for the whole transfer.
+YIELD_EVERY = 4 * PIECE
 
 
 class StreamEnded(ConnectionError):
@@ -70,13 +74,18 @@ def _tune(sock: socket.socket) -> None:
 
 class SocketReader:
     """:class:`~atom_engine.pd.wire.Reader` on a non-blocking socket: the first byte may take ``first``
-    seconds (the worker's queue and the prefill), each later piece ``each``."""
+    seconds (the worker's queue and the prefill), each later piece ``each``.
+
+    A piece is whatever the kernel holds when asked, up to :data:`PIECE` bytes; only when it holds nothing does
+    the reader wait on the event loop, bounded by a timeout armed for that wait alone (bytes already there cost
+    one ``recv_into`` and no timer). ``started_at``/``finished_at``: the first byte in, the payload's last byte
+    in and hashed."""
 
     def __init__(self, sock: socket.socket, first: float, each: float) -> None:
         self.sock, self.first, self.each = sock, first, each
         self.loop = asyncio.get_running_loop()
         self.received = 0
-        self.started_at = 0.0
+        self.started_at = self.finished_at = 0.0
 
     async def read_exactly(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -85,21 +94,34 @@ class SocketReader:
 
     async def read_into(self, view: memoryview, hasher: Any) -> None:
         await self._fill(view, hasher)
+        self.finished_at = time.perf_counter()
 
     async def _fill(self, view: memoryview, hasher: Any) -> None:
-        done, total = 0, len(view)
-        async with asyncio.timeout(None) as bound:
-            while done < total:
-                bound.reschedule(self.loop.time() + (self.each if self.received else self.first))
-                n = await self.loop.sock_recv_into(self.sock, view[done:])
-                if n == 0:
-                    raise StreamEnded(f"the stream ended after {done} of {total} bytes")
-                if not self.received:
-                    self.started_at = time.perf_counter()
-                if hasher is not None:
-                    hasher.update(view[done : done + n])
-                done += n
-                self.received += n
+        done, total, since_yield = 0, len(view), 0
+        while done < total:
+            if since_yield >= YIELD_EVERY:
+                await asyncio.sleep(0)
+                since_yield = 0
+            n = await self._recv(view[done : done + PIECE])
+            if n == 0:
+                raise StreamEnded(f"the stream ended after {done} of {total} bytes")
+            if not self.received:
+                self.started_at = time.perf_counter()
+            if hasher is not None:  # while the piece is still in the cache the kernel copied it through
+                hasher.update(view[done : done + n])
+            done += n
+            since_yield += n
+            self.received += n
+
+    async def _recv(self, view: memoryview) -> int:
+        """One piece into ``view``: what the kernel holds now, else the first bytes to arrive within the wait's
+        bound."""
+        try:
+            return self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            pass
+        async with asyncio.timeout(self.each if self.received else self.first):
+            return await self.loop.sock_recv_into(self.sock, view)
 
 
 class TcpTransport:
@@ -112,6 +134,7 @@ class TcpTransport:
     async def fetch(self, address: str, request: PrefillRequest, expect: Expect, buffer: bytearray | None
                     ) -> Shipment:
         t = self.timeouts
+        _ = expect.header_fields  # hashes the token ids now, while the worker prefills, not between the frame's bytes
         sock = await self._connect(address)
         reader = SocketReader(sock, t.response, t.read)
         beating: asyncio.Task | None = None
@@ -129,7 +152,7 @@ class TcpTransport:
                     # 503: the worker is draining (or not serving yet) and did nothing: as good as not there.
                     raise WorkerFailed(text, unanswered=status == 503)
                 ship = await read_frame(reader, expect, buffer, header)
-            self.stats.transfer_seconds += time.perf_counter() - reader.started_at
+            self.stats.transfer_seconds += reader.finished_at - reader.started_at
             return ship
         except TimeoutError as exc:
             raise WorkerFailed(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"

@@ -42,6 +42,7 @@ import struct
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 import torch
@@ -94,6 +95,25 @@ class Expect:
     vocab: int
     dtype: torch.dtype
     prompt_logprobs: int | None = None  # top-N asked per prompt token (echo with logprobs)
+
+    @property
+    def kv_shape(self) -> list[int]:
+        return [self.layers, self.kv_heads, len(self.token_ids), self.head_dim]
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.layers * self.kv_heads * len(self.token_ids) * self.head_dim * self.dtype.itemsize
+
+    @cached_property
+    def header_fields(self) -> dict[str, Any]:
+        """What a frame's header must say, field by field. Computed once: a transport asks for it before the frame
+        arrives, so hashing the token ids falls while the worker prefills, not between a frame's bytes."""
+        return {
+            "request_id": self.request_id, "start": self.start, "tokens": len(self.token_ids),
+            "tokens_xxh3": tokens_xxh3(self.token_ids),
+            "k_shape": self.kv_shape, "v_shape": self.kv_shape,
+            "logits_dtype": "float32", "logits_shape": [self.vocab],
+        }
 
 
 class Reader(Protocol):
@@ -181,20 +201,13 @@ async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | None = 
     if h.get("kv_layout") != KV_LAYOUT:
         raise CorruptTransfer(f"KV frame kv_layout is {h.get('kv_layout')!r} but this decode engine reads"
                               f" {KV_LAYOUT!r}")
-    kv_shape = [expect.layers, expect.kv_heads, n, expect.head_dim]
-    want = {
-        "request_id": expect.request_id, "start": expect.start, "tokens": n,
-        "tokens_xxh3": tokens_xxh3(expect.token_ids),
-        "k_shape": kv_shape, "v_shape": kv_shape,
-        "logits_dtype": "float32", "logits_shape": [expect.vocab],
-    }
-    for key, value in want.items():
+    for key, value in expect.header_fields.items():
         if h.get(key) != value:
             if key == "tokens_xxh3":
                 raise CorruptTransfer("KV frame field tokens_xxh3 does not match: the KV of other tokens")
             raise CorruptTransfer(f"KV frame field {key} is {h.get(key)!r}; expected {value!r}")
     prompt_logprobs = _lp_in(h.get("prompt_logprobs"), n) if expect.prompt_logprobs is not None else None
-    kv_bytes = expect.layers * expect.kv_heads * n * expect.head_dim * expect.dtype.itemsize
+    kv_bytes, kv_shape = expect.kv_bytes, expect.kv_shape
     total = 2 * kv_bytes + 4 * expect.vocab
     if h.get("payload_bytes") != total:
         raise CorruptTransfer(f"KV frame payload_bytes is {h.get('payload_bytes')}; the shapes need {total}")

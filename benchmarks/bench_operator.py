@@ -173,7 +173,7 @@ def main() -> int:
         from atom_operator.api.crd import render
 
         cluster.kubectl("apply", "-f", "-", input=render())
-        cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev")
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=180s", "crd/atomdeployments.serving.atom.dev")
         cluster.kubectl("create", "namespace", NAMESPACE)
         op = OperatorProcess(cluster, work)
         op.start()  # its webhook server listens but is not registered: the CRD alone admits
@@ -200,7 +200,8 @@ def main() -> int:
                 continue
             if w["user"]["username"] != USER:
                 continue
-            request = f'{w["verb"]} {ref.get("resource")}' + (f'/{ref["subresource"]}' if ref.get("subresource") else "")
+            sub = f'/{ref["subresource"]}' if ref.get("subresource") else ""
+            request = f'{w["verb"]} {ref.get("resource")}{sub}'
             by_request[request] = by_request.get(request, 0) + 1
             if ref.get("resource") in ("configmaps", "services", "deployments"):
                 owner = ref["name"].removesuffix("-decode-config").removesuffix("-prefill-config")

@@ -3,9 +3,10 @@
 A stand-in runner (here, never in the engine) whose every forward takes a fixed device time, sleeping with the
 GIL released as a device call does, and returns a token chosen by a hash of the lane's context, drives the real
 batcher, output processor (with SmolLM2's tokenizer when ``make model`` converted it, else the byte tokenizer)
-and step loop: serially (plan, run, apply and make the outputs in turn) and overlapped (the host work of one step
-while the device runs the next, :mod:`atom_engine.overlap`). The limit is ``lanes / step time`` tokens per second;
-the host overhead per step is the wall time per step beyond the device's.
+and step loop: serially (plan, run, apply and make the outputs in turn) and overlapped (while the device runs a
+step, the host thread applies the last one, makes its outputs and plans the next: :mod:`atom_engine.overlap`).
+The limit is ``lanes / step time`` tokens per second; the host overhead per step is the wall time per step beyond
+the device's.
 
 A negative control: a run whose stand-in also burns host CPU inside its step (a device call that holds the GIL,
 which no overlap can hide) must come out below the limit, or the harness cannot see host work at all.
@@ -139,8 +140,9 @@ def main() -> None:
             forwards = runs[0]["forwards"]
             tps = runs[0]["tokens"] / wall
             busy = statistics.median(r["busy"] for r in runs)
-            rows.append((lanes, mode, tps, limit, tps / limit, busy, (wall / forwards - step) * 1000, min(walls),
-                         max(walls), forwards))
+            between = statistics.median(r["wall"] * (1 - r["busy"]) / forwards for r in runs)
+            rows.append((lanes, mode, tps, limit, tps / limit, busy, (wall / forwards - step) * 1000,
+                         between * 1000, min(walls), max(walls), forwards))
         print(rows[-2], rows[-1], flush=True)
     control = [run(32 if 32 in args.lanes else args.lanes[0], step, args.tokens, True, tok.decode,
                    host_burn=args.burn_ms / 1000) for _ in range(3)]
@@ -156,18 +158,20 @@ def main() -> None:
         f" (prompts of 32 tokens, {args.tokens} output tokens each, greedy, a stop string searched every token),"
         f" detokenized with {tok_name}. The limit is lanes / step time; host overhead per step is the wall time"
         " per device forward beyond the forward's nominal time (a sleep overshoots by some 0.1 ms: the device busy"
-        " column is the share of the wall time spent inside forwards). Median of"
+        " column is the share of the wall time spent inside forwards, and between forwards the wall time outside"
+        " them per forward: the host's serial part, without the sleep's overshoot, which a loaded machine"
+        " stretches). Median of"
         f" {args.rounds} rounds, serial and overlapped interleaved; {os.cpu_count()} CPUs ({platform.machine()}),"
         f" load average {load:.1f} at the end (the machine is shared: noisy). Both modes produce the same tokens"
         " (checked).",
         "",
         "| lanes | steps | tok/s | limit tok/s | of the limit | device busy | host overhead ms/step |"
-        " wall s min..max | forwards |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        " between forwards ms/step | wall s min..max | forwards |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for lanes, mode, tps, limit, ratio, busy, overhead, lo, hi, forwards in rows:
+    for lanes, mode, tps, limit, ratio, busy, overhead, between, lo, hi, forwards in rows:
         lines.append(f"| {lanes} | {mode} | {tps:.0f} | {limit:.0f} | {ratio * 100:.1f} % | {busy * 100:.1f} % |"
-                     f" {overhead:.2f} | {lo:.3f}..{hi:.3f} | {forwards} |")
+                     f" {overhead:.2f} | {between:.2f} | {lo:.3f}..{hi:.3f} | {forwards} |")
     lines += [
         "",
         f"Negative control: the same overlapped run at {c_lanes} lanes with {args.burn_ms:g} ms of host work"

@@ -78,7 +78,11 @@ class Batcher:
         self._ids = itertools.count()
         self._ended: list[Pending] = []  # decided while planning (cancels, refused admissions)
         self._unreleased: list[Sequence] = []  # ended while a step that holds their blocks runs (see process)
+        # A step runs on the device while this thread plans or applies (atom_engine.overlap): whatever ends now
+        # keeps its lane and block until the next apply, as the running step may write into the block.
+        self.in_flight = False
         self.last_plan: StepPlan = StepPlan()
+        self._no_drafts: tuple[tuple[int, ...], ...] = ((),) * lanes  # every lane's draft, without speculation
         self.counters = BatcherCounters()
 
     # -- requests --------------------------------------------------------------------------------
@@ -129,9 +133,11 @@ class Batcher:
         plan = self.schedule()
         return self.process(self.apply(plan, execute(self.runner, plan)))
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, *, running: StepPlan | None = None) -> StepPlan:
         """Decide the step: cancels (ended now), admissions into free lanes, each prefilling lane's next chunk
-        (or its connector's import, once arrived), and the decode batch of the lanes that decode."""
+        (or its connector's import, once arrived), and the decode batch of the lanes that decode. ``running``:
+        planned while that plain decode step runs (:mod:`atom_engine.overlap`), which gives each of its lanes one
+        more token, not appended yet: a lane that reaches its max_tokens with it is left out."""
         self.counters.steps += 1
         self._apply_cancels()
         admissions = self._admit()
@@ -146,18 +152,26 @@ class Batcher:
                 chunks.append(self._next_chunk(seq))
             elif (imp := self._poll(seq)) is not None:
                 imports.append(imp)
-        batch = [s if s is not None and s.status is Status.DECODE else None for s in self.lanes]
+        if running is not None and running.decode is not None:
+            batch = tuple(s if s is not None and s.status is Status.DECODE
+                          and (r is not s or len(s.output) + 1 < s.params.max_tokens) else None
+                          for s, r in zip(self.lanes, running.decode.lanes, strict=True))
+        else:
+            batch = tuple(s if s is not None and s.status is Status.DECODE else None for s in self.lanes)
         decode = None
-        if any(s is not None for s in batch) or riders:
-            decode = DecodeBatch(tuple(batch), tuple(tuple(d) for d in self._drafts(batch)))
+        if riders or any(s is not None for s in batch):
+            drafts = self._no_drafts if self.speculative_tokens <= 0 else tuple(
+                tuple(d) for d in self._drafts(batch))
+            decode = DecodeBatch(batch, drafts)
         plan = StepPlan(tuple(admissions), tuple(chunks), tuple(imports),
                         tuple(self._next_chunk(s) for s in riders), decode)
         self.last_plan = plan
         return plan
 
-    def apply(self, plan: StepPlan, result: StepResult) -> list[Pending]:
+    def apply(self, plan: StepPlan, result: StepResult, *, taken: bool = False) -> list[Pending]:
         """Fold a run of ``plan`` back in: each item's tokens or failure, the requests that end by a token's id;
-        returns what :meth:`process` makes the step's outputs from."""
+        returns what :meth:`process` makes the step's outputs from. ``taken``: :meth:`take_tokens` appended the
+        decode step's tokens already."""
         for seq in self._unreleased:
             self._release(seq)
         self._unreleased = []
@@ -174,7 +188,7 @@ class Batcher:
         for c, token in zip(plan.riders, result.riders, strict=True):
             self._chunk_done(c, token, out)
         if plan.decode is not None and plan.decode.active:
-            self._decoded(plan.decode, result, out)
+            self._decoded(plan.decode, result, out, taken)
         if self.connector is not None:
             with self._lock:
                 head = self.waiting[0] if self.waiting else None
@@ -268,7 +282,7 @@ class Batcher:
             return None
         return Import(seq, loaded)
 
-    def _drafts(self, batch: list[Sequence | None]) -> list[list[int]]:
+    def _drafts(self, batch: tuple[Sequence | None, ...]) -> list[list[int]]:
         """Each lane's draft: greedy lanes only (a draft is checked against the argmax), never past the
         request's max_tokens (so never past maxSeqLen)."""
         drafts: list[list[int]] = []
@@ -312,10 +326,33 @@ class Batcher:
         seq.status = Status.DECODE
         self._append(seq, token, out)
 
-    def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[Pending]) -> None:
+    def take_tokens(self, plan: StepPlan, result: StepResult) -> None:
+        """Append a plain decode step's tokens to their lanes, and nothing else, so that the step planned while it
+        ran (``schedule(running=plan)``) feeds them; :meth:`apply` with ``taken`` does the rest later. A lane that
+        ended while the step ran (a stop, a cancel, a failure) takes no token: it is dropped."""
+        assert plan.decode is not None
+        finished = Status.FINISHED
+        for seq, new in zip(plan.decode.lanes, result.decode, strict=True):
+            if seq is None:
+                continue
+            if seq.status is finished:
+                if seq.params.logprobs is not None:  # the dropped token's, if the sampler made one
+                    del seq.logprobs[len(seq.output):]
+            elif type(new) is list and len(new) == 1 and new[0] is not None:
+                seq.computed += 1
+                seq.output.append(new[0])
+
+    def _decoded(self, batch: DecodeBatch, result: StepResult, out: list[Pending], taken: bool = False) -> None:
         self.counters.decode_steps += 1
         for seq, draft, new in zip(batch.lanes, result.drafts, result.decode, strict=True):
-            if seq is None or seq.finished:
+            if seq is None or seq.status is Status.FINISHED:
+                continue
+            if not draft and type(new) is list and len(new) == 1 and new[0] is not None:  # plain: one token
+                if taken:
+                    self._took(seq, new[0], out)
+                else:
+                    seq.computed += 1  # before the token: a stop releases the block with the KV it holds
+                    self._append(seq, new[0], out)
                 continue
             if isinstance(new, Exception) or new is None:
                 self._fail(seq, new if isinstance(new, Exception) else RuntimeError("the runner returned no token"),
@@ -386,6 +423,10 @@ class Batcher:
             self._fail(seq, RuntimeError("the runner returned no token"), out)
             return
         seq.output.append(token)
+        self._took(seq, token, out)
+
+    def _took(self, seq: Sequence, token: int, out: list[Pending]) -> None:
+        """A token just appended to ``seq.output``: counted, and whether it ends the request by its id."""
         self.counters.generation_tokens += 1
         ended = self.outputs.token_stop(seq, token)
         if ended is not None:
@@ -401,8 +442,8 @@ class Batcher:
         out.append(Pending(seq, (), len(seq.output), True))
 
     def _finish(self, seq: Sequence, reason: FinishReason, *, release: bool = True) -> None:
-        """End ``seq``; its lane and block go now, or (``release`` false: a running step may still write into
-        the block) when the next step is applied."""
+        """End ``seq``; its lane and block go now, or (``release`` false, or ``in_flight``: a running step may
+        still write into the block) when the next step is applied."""
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         if reason is FinishReason.ERROR:
@@ -411,7 +452,7 @@ class Batcher:
             self.counters.requests_cancelled += 1
         else:
             self.counters.requests_finished += 1
-        if release:
+        if release and not self.in_flight:
             self._release(seq)
         else:
             self._unreleased.append(seq)

@@ -76,10 +76,11 @@ class LLMEngine:
             detokenize=self.tokenizer.decode if self.tokenizer else None, connector=connector,
             speculative_tokens=self.runner.speculative_tokens,
         )
-        # Overlapped: a host thread makes a step's outputs while the device runs the next one; only where the
-        # backend has a device of its own (on the cpu backend both would share the same cores), and only without
-        # drafts: a stop string inside an accepted draft cuts the request's output, which the running step's
-        # forward may be reading. Off, plan, run, apply and outputs follow each other (Batcher.step).
+        # Overlapped: while the device runs a step, a host thread applies the last one, makes its outputs and
+        # plans the next plain decode step (atom_engine.overlap); only where the backend has a device of its own
+        # (on the cpu backend both would share the same cores), and only without drafts: a stop string inside an
+        # accepted draft cuts the request's output, which the running step's forward may be reading. Off, plan,
+        # run, apply and outputs follow each other (Batcher.step).
         overlap = (settings.overlap_scheduling and self.runner.capabilities.devices > 0
                    and self.batcher.speculative_tokens == 0)
         self._overlap = OverlappedSteps(self.batcher, self.runner) if overlap else None

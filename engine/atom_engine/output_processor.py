@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from atom_engine.detokenizer import IncrementalDetokenizer
 from atom_engine.sequence import FinishReason, Sequence, StepOutput
@@ -32,11 +33,10 @@ class Stop:
     text: str | None = None
 
 
-@dataclass(frozen=True)
-class Pending:
+class Pending(NamedTuple):
     """A step's news for one request, to be made into its output: a token (or none: the request was cancelled
     or failed) at ``seq.output[at]``; ``finishing``: the batcher ended the request with it (a stop token, EOS,
-    max_tokens, a failure, a cancel)."""
+    max_tokens, a failure, a cancel). A tuple: one is made per lane and step, between two forwards."""
 
     seq: Sequence
     tokens: tuple[int, ...]

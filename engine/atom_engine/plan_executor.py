@@ -125,9 +125,15 @@ def execute(runner: Runner, plan: StepPlan) -> StepResult:
                 news = runner.verify(list(batch.lanes), [list(d) for d in batch.drafts])
                 _fill(result, item.lanes, news)
             else:
-                alone = [s if i in item.lanes else None for i, s in enumerate(batch.lanes)]
+                if item.lanes == active:
+                    alone = list(batch.lanes)
+                else:
+                    alone = [s if i in item.lanes else None for i, s in enumerate(batch.lanes)]
                 tokens = runner.decode(alone)
-                _fill(result, item.lanes, [None if t is None else [t] for t in tokens])
+                decoded = result.decode
+                for i in item.lanes:
+                    token = tokens[i]
+                    decoded[i] = RuntimeError("the runner returned no token") if token is None else [token]
         except Exception as exc:  # noqa: BLE001 - find the request at fault: rewrite into smaller forwards
             work.extend(_isolate(item, active, exc, result))
     return result

@@ -50,9 +50,10 @@ class EngineSettings(BaseModel):
         " 0: off. Backends whose decode graph takes one token per lane (atom) decode without drafts.",
     )
     overlap_scheduling: bool = Field(
-        True, description="Where the backend has a device of its own (atom): make a step's outputs (text, stop"
-        " strings, logprobs) on a host thread while the device runs the next step (atom_engine.overlap); the"
-        " outputs are the same. false: one step after the other (for debugging). The cpu backend steps serially.",
+        True, description="Where the backend has a device of its own (atom): while the device runs a step, a host"
+        " thread applies the last one, makes its outputs (text, stop strings, logprobs) and plans the next"
+        " (atom_engine.overlap); the outputs are the same. false: one step after the other (for debugging). The"
+        " cpu backend steps serially.",
     )
     max_waiting: int = Field(256, ge=1, description="Bound of the waiting queue; past it requests get 429.")
     dtype: DTypeName = "float32"

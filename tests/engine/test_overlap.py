@@ -131,3 +131,188 @@ def test_a_stop_string_inside_an_accepted_draft_is_cut_the_same_way_overlapped()
     assert overlapped == serial and counters["draft_tokens_accepted"] > 0
     assert all(reason == "stop" for _, _, reason in serial)
     assert counters_overlapped["generation_tokens"] == counters["generation_tokens"]
+
+
+# -- planning step N+1 while step N runs (plain decode steps) --------------------------------------------------
+
+DETOK = lambda ids: "".join(chr(97 + t % 26) for t in ids)  # noqa: E731
+
+
+def _batcher(lanes: int = 2):  # noqa: ANN202
+    """A batcher on the fake model (a hash of the block's contents: a stale token or position changes it)."""
+    from atom_engine import limits
+    from atom_engine.batcher import Batcher
+    from atom_engine.kv_blocks import KVBlocks
+
+    from tests.engine.fake_runner import FakeRunner
+
+    kv_blocks = limits.min_kv_blocks(lanes, True) + 1
+    return Batcher(FakeRunner(kv_blocks, 64, lanes), KVBlocks(kv_blocks, prefix_cache=True), lanes=lanes,
+                   max_seq_len=64, prefill_chunk=4, detokenize=DETOK)
+
+
+def _drive(b, steps, seqs, outs: dict | None = None) -> int:  # noqa: ANN001
+    """Step until every request's final output is made and nothing is held; returns the steps taken."""
+    for n in range(1, 500):
+        for o in steps.step():
+            if outs is not None:
+                outs.setdefault(o.request_id, []).append(o)
+        b.kv.check_invariant()
+        if all(s.output_done for s in seqs) and not b.has_work() and not getattr(steps, "holding", False):
+            return n
+    raise AssertionError("requests did not finish")
+
+
+def _stopping_params(prompts: list[list[int]]) -> list[SamplingParams]:
+    """Stop tokens, stop strings and lengths, each met early by some request (the fake model is greedy)."""
+    from tests.engine.fake_runner import reference
+
+    out = []
+    for i, p in enumerate(prompts):
+        full = reference(p, 12)
+        out.append([
+            SamplingParams(max_tokens=12),
+            SamplingParams(max_tokens=12, stop_token_ids=(full[4],)),
+            SamplingParams(max_tokens=12, stop=(DETOK(full[5:7]),)),
+            SamplingParams(max_tokens=3 + i % 4),
+            SamplingParams(max_tokens=12, stop=(DETOK(full[2:3]),), include_stop_str_in_output=True),
+        ][i % 5])
+    return out
+
+
+def test_planned_ahead_steps_give_the_serial_outputs_and_leave_nothing_behind() -> None:
+    from atom_engine.overlap import OverlappedSteps
+
+    prompts = [[1, 2, 3], [4] * 9, [1, 2, 3, 4, 5], [9], [4] * 9 + [1], [7, 7], [3, 1], [2, 2, 2, 5], [8], [6, 1]]
+    params = _stopping_params(prompts)
+
+    def run(overlap: bool) -> tuple[list, dict, dict, int]:
+        b = _batcher(lanes=3)
+        steps = OverlappedSteps(b, b.runner) if overlap else b
+        ahead = 0
+        if overlap:  # count the steps planned while another ran
+            schedule = b.schedule
+
+            def counted(**kw: object):  # noqa: ANN202
+                nonlocal ahead
+                ahead += kw.get("running") is not None
+                return schedule(**kw)
+
+            b.schedule = counted  # type: ignore[method-assign]
+        seqs = [b.add(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        outs: dict = {}
+        _drive(b, steps, seqs, outs)
+        if overlap:
+            steps.close()
+        assert b.kv.counts()["lanes"] == 0 and not b.running()
+        streamed = {s.id: ([t for o in outs[s.id] for t in o.new_tokens], "".join(o.text for o in outs[s.id]),
+                           sum(o.finished for o in outs[s.id])) for s in seqs}
+        return ([(s.output, s.finish_reason, s.stop_reason, s.text) for s in seqs], streamed,
+                dict(b.counters), ahead)
+
+    serial, serial_streamed, serial_counters, _ = run(False)
+    got, streamed, counters, ahead = run(True)
+    assert got == serial and streamed == serial_streamed
+    assert all(finals == 1 for _, _, finals in streamed.values())  # one final output each, nothing after it
+    assert {reason for _, reason, _, _ in serial} == {"stop", "length"}
+    assert counters["generation_tokens"] == serial_counters["generation_tokens"]
+    assert counters["requests_finished"] == serial_counters["requests_finished"] == len(prompts)
+    assert ahead > 10  # most steps were planned while the previous one ran
+
+
+def test_a_lane_that_stops_at_step_n_rides_step_n_plus_1_but_emits_nothing_from_it_and_frees_its_block() -> None:
+    from atom_engine.overlap import OverlappedSteps
+
+    from tests.engine.fake_runner import reference
+
+    b = _batcher(lanes=2)
+    steps = OverlappedSteps(b, b.runner)
+    long = b.add([4, 5, 6], SamplingParams(max_tokens=20))
+    stop_at = reference([1, 2, 3], 20)[3]
+    short = b.add([1, 2, 3], SamplingParams(max_tokens=20, stop_token_ids=(stop_at,)))
+    outs: dict = {}
+    lanes_before_release = None
+    for _ in range(100):
+        for o in steps.step():
+            outs.setdefault(o.request_id, []).append(o)
+        b.kv.check_invariant()
+        if short.finished and lanes_before_release is None:
+            lanes_before_release = b.kv.counts()["lanes"]  # its block waits for the step it rides
+        if short.output_done and b.kv.counts()["lanes"] == 1:
+            break
+    want = reference([1, 2, 3], 20)[: reference([1, 2, 3], 20).index(stop_at) + 1]
+    assert short.output == want and short.finish_reason == "stop"
+    assert [t for o in outs[short.id] for t in o.new_tokens] == want  # the ridden step's token is not emitted
+    assert outs[short.id][-1].finished and sum(o.finished for o in outs[short.id]) == 1
+    # it was in the decode step after the one that gave its stop token (planned before that token was seen)
+    rides = sum(short.id in call for call in b.runner.decode_calls)
+    assert rides == len(want)  # one step per token after the first (prefill's), plus the step it rode
+    assert lanes_before_release == 2 and b.kv.counts()["lanes"] == 1 and b.lanes.count(None) == 1
+    assert short.computed == len(short.prompt) + len(want) - 1  # the ridden step's KV is not counted
+    _drive(b, steps, [long])
+    steps.close()
+    assert long.output == reference([4, 5, 6], 20)
+    assert b.kv.counts()["lanes"] == 0
+
+
+def test_a_cancel_while_the_next_step_is_planned_ahead_ends_the_request_and_frees_its_lane() -> None:
+    from atom_engine.overlap import OverlappedSteps
+
+    from tests.engine.fake_runner import reference
+
+    b = _batcher(lanes=2)
+    steps = OverlappedSteps(b, b.runner)
+    keep = b.add([1, 2, 3], SamplingParams(max_tokens=16))
+    doomed = b.add([4, 5, 6], SamplingParams(max_tokens=40))
+    later = b.add([7, 8], SamplingParams(max_tokens=5))  # waits for a lane: gets the cancelled one
+    outs: dict = {}
+    for _ in range(5):
+        for o in steps.step():
+            outs.setdefault(o.request_id, []).append(o)
+    assert steps._next is not None  # the next step was planned while the last one ran
+    b.cancel(doomed.id)
+    _drive(b, steps, [keep, doomed, later], outs)
+    steps.close()
+    assert doomed.finish_reason == "cancelled"
+    emitted = [t for o in outs[doomed.id] for t in o.new_tokens]
+    assert emitted == doomed.output == reference([4, 5, 6], 40)[: len(doomed.output)]
+    assert sum(o.finished for o in outs[doomed.id]) == 1 and outs[doomed.id][-1].finished
+    assert keep.output == reference([1, 2, 3], 16) and later.output == reference([7, 8], 5)
+    assert b.kv.counts()["lanes"] == 0 and not b.running()
+    assert b.counters["requests_cancelled"] == 1
+
+
+def test_a_failure_in_a_step_whose_next_step_is_planned_ends_that_request_only() -> None:
+    from atom_engine.overlap import OverlappedSteps
+
+    from tests.engine.fake_runner import reference
+
+    b = _batcher(lanes=3)
+    steps = OverlappedSteps(b, b.runner)
+    seqs = [b.add(p, SamplingParams(max_tokens=12)) for p in ([1, 2, 3], [4, 5, 6], [7, 8], [2, 5])]
+    bad = seqs[1]
+    b.runner.fault = lambda seq: seq is bad and len(seq.output) >= 4  # its 5th token's forward fails
+    outs: dict = {}
+    _drive(b, steps, seqs, outs)
+    steps.close()
+    assert bad.finish_reason == "error" and "injected fault" in (bad.error or "")
+    assert bad.output == reference([4, 5, 6], 12)[:4]
+    assert [t for o in outs[bad.id] for t in o.new_tokens] == bad.output
+    assert outs[bad.id][-1].finished and outs[bad.id][-1].finish_reason == "error"
+    for s in (seqs[0], seqs[2], seqs[3]):
+        assert s.finish_reason == "length" and s.output == reference(s.prompt, 12)
+    assert b.kv.counts()["lanes"] == 0 and not b.running()
+    assert b.counters["requests_failed"] == 1
+
+
+def test_a_step_with_admissions_or_prefill_is_not_planned_ahead_of() -> None:
+    from atom_engine.overlap import OverlappedSteps
+
+    b = _batcher(lanes=2)
+    steps = OverlappedSteps(b, b.runner)
+    first = b.add([1, 2, 3], SamplingParams(max_tokens=8))
+    steps.step()  # admission and prefill: the next step is planned after it is applied
+    assert steps._next is None and first.output and first.status.name == "DECODE"
+    steps.step()  # a plain decode step: the next one is planned while it runs
+    assert steps._next is not None and steps._taken is not None
+    steps.close()

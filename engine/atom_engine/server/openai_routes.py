@@ -380,34 +380,37 @@ class OpenAIRoutes:
 
         try:
             try:
-                async for c, out in _merge(call.choices):
-                    if out.finished and out.finish_reason is FinishReason.ERROR:
-                        error = self._failure(call, out)
-                        if resp is None:
-                            return error.response()
-                        await send(error_body(error.status, error.message, code=error.code))
-                        break
-                    first = not c.tokens
-                    c.take(out)
-                    text = out.text  # the engine's detokenizer: held back where a stop string may still cut
-                    finish = out.finish_reason if out.finished else None
-                    delta: str | dict = text
-                    if (ts := tool_streams.get(c.index)) is not None:  # tool calls leave the text as deltas
-                        text, calls = ts.feed(text, out.finished)
-                        delta = {**({"content": text} if text else {}), "tool_calls": calls} if calls else text
-                        if finish is FinishReason.STOP and ts.called:
-                            finish = "tool_calls"
-                    if out.new_tokens or delta or out.finished:
-                        chunk = self._chunk(call, c, delta, finish, out, first=first)
-                        if continuous:
-                            chunk["usage"] = self._choice_usage(c)
-                        await send(chunk)
-                    if out.finished:
-                        log.info("event=choice_done request_id=%s index=%d finish_reason=%s tokens=%d", call.rid,
-                                 c.index, out.finish_reason, len(c.tokens))
-                else:
-                    if opts is not None and opts.include_usage:
-                        await send({**self._head(call, chunk=True), "choices": [], "usage": self._usage(call)})
+                # Closed on the way out, a client gone included: its pump tasks end before the choices' streams
+                # are closed under them (closing a stream a pump task is reading raises "already running").
+                async with aclosing(_merge(call.choices)) as merged:
+                    async for c, out in merged:
+                        if out.finished and out.finish_reason is FinishReason.ERROR:
+                            error = self._failure(call, out)
+                            if resp is None:
+                                return error.response()
+                            await send(error_body(error.status, error.message, code=error.code))
+                            break
+                        first = not c.tokens
+                        c.take(out)
+                        text = out.text  # the engine's detokenizer: held back where a stop string may still cut
+                        finish = out.finish_reason if out.finished else None
+                        delta: str | dict = text
+                        if (ts := tool_streams.get(c.index)) is not None:  # tool calls leave the text as deltas
+                            text, calls = ts.feed(text, out.finished)
+                            delta = {**({"content": text} if text else {}), "tool_calls": calls} if calls else text
+                            if finish is FinishReason.STOP and ts.called:
+                                finish = "tool_calls"
+                        if out.new_tokens or delta or out.finished:
+                            chunk = self._chunk(call, c, delta, finish, out, first=first)
+                            if continuous:
+                                chunk["usage"] = self._choice_usage(c)
+                            await send(chunk)
+                        if out.finished:
+                            log.info("event=choice_done request_id=%s index=%d finish_reason=%s tokens=%d", call.rid,
+                                     c.index, out.finish_reason, len(c.tokens))
+                    else:
+                        if opts is not None and opts.include_usage:
+                            await send({**self._head(call, chunk=True), "choices": [], "usage": self._usage(call)})
             except EngineDead as exc:
                 if resp is None:
                     return ApiError(503, str(exc), code="engine_dead").response()

@@ -119,6 +119,10 @@ bench-autoscale-sim: venv ## the autoscaling decision on a simulated fleet: coup
 bench-autoscale-scrape: venv ## the autoscaler's own cost: 100 deployments x 4 loopback pods scraped and decided every 5 s; writes benchmarks/results/autoscaling-scrape.md
 	$(PY) benchmarks/bench_autoscale_scrape.py
 
+.PHONY: bench-autoscale
+bench-autoscale: prereqs venv tools ## the autoscaler end to end on the real-kubelet node: helm operator, paced engines, Poisson phases, drains and the negative control (~25 min, root, docker); writes benchmarks/results/autoscaling.md
+	$(PY) benchmarks/bench_autoscale.py $(BENCH_ARGS)
+
 .PHONY: bench-operator
 bench-operator: venv tools ## 500 AtomDeployments on the harness, at 10/s then all at once; writes benchmarks/results/operator.md
 	$(PY) benchmarks/bench_operator.py --rate 10

@@ -17,68 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
-import yaml
-from atom_localcluster import tools
+from atom_localcluster.chart import (  # noqa: F401 - the scenario's steps, shared with make bench-autoscale
+    OPERATOR_NAMESPACE,
+    atomdeployment,
+    client_pod,
+    helm_install,
+    helm_uninstall,
+)
 from atom_localcluster.cluster import Cluster
 from atom_localcluster.realnode import NPU_LABELS, NPU_RESOURCE
 
 from tests.realnode.kube import port_forward, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "atom-operator"
-RELEASE = "atom-operator"
-OPERATOR_NAMESPACE = "atom-system"
 HTTP_PORT = 8000
 ROLE_LABEL = "app.kubernetes.io/component"
 GROUP = "atomdeployments.serving.atom.dev"
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    repo, _, tag = ref.rpartition(":")
-    return repo, tag
-
-
-def helm_install(cluster: Cluster, operator_ref: str, engine_ref: str, timeout: str = "300s") -> None:
-    """``helm install`` the chart with the given images; pods never pull (the images are on the node already)."""
-    op_repo, op_tag = split_ref(operator_ref)
-    eng_repo, eng_tag = split_ref(engine_ref)
-    cmd = [
-        str(tools.path("helm")), "install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
-        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", timeout,
-        "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}", "--set", "image.pullPolicy=Never",
-        "--set", f"engine.image.repository={eng_repo}", "--set", f"engine.image.tag={eng_tag}",
-        "--set", "engine.image.pullPolicy=Never",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        pods = cluster.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False).stdout
-        logs = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=atom-operator",
-                               "--tail", "40", check=False)
-        raise AssertionError(f"helm install failed: {out.stderr}\n{pods}\n{logs.stdout}{logs.stderr}")
-
-
-def helm_uninstall(cluster: Cluster) -> None:
-    subprocess.run([str(tools.path("helm")), "uninstall", RELEASE, "--kubeconfig", str(cluster.kubeconfig),
-                    "--namespace", OPERATOR_NAMESPACE, "--wait", "--timeout", "120s"], capture_output=True, timeout=180)
-    cluster.kubectl("delete", "namespace", OPERATOR_NAMESPACE, "--wait=false", check=False)
-
-
-EXAMPLE = REPO / "examples" / "atomdeployment-pd.yaml"
-# The test nodes have this machine's CPUs (2 here), and the operator's default request for the cpu backend is 2 CPUs
-# a pod (atom_operator.sizing.CPU_REQUEST): decode, prefill and a rollout's surge pod would not fit.
-POD_CPU = "250m"
-
-
-def atomdeployment(name: str | None = None) -> dict:
-    """examples/atomdeployment-pd.yaml, as users apply it: decode + prefill on the cpu backend with builtin:tiny,
-    each pod taking one NPU (rebellions.ai/npu) through resources.limits as an NPU model would; each role asks
-    for :data:`POD_CPU`, which the small test nodes can hold."""
-    obj = yaml.safe_load(EXAMPLE.read_text())
-    if name:
-        obj["metadata"]["name"] = name
-    for role in ("decode", "prefill"):
-        obj["spec"][role].setdefault("resources", {}).setdefault("requests", {})["cpu"] = POD_CPU
-    return obj
 
 
 def advertise_npus(cluster: Cluster, node: str, npus: int = 4) -> None:
@@ -229,19 +183,6 @@ class LoopingClient:
 
     def failures(self) -> list[str]:
         return [r for r in self.results if not r.startswith(("ok", "done"))]
-
-
-def client_pod(image: str) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "client", "labels": {"app": "client"}},
-        "spec": {
-            "containers": [{"name": "client", "image": image, "imagePullPolicy": "IfNotPresent",
-                            "command": ["python3", "-c", "import time\nwhile True: time.sleep(3600)"]}],
-            "terminationGracePeriodSeconds": 1,
-        },
-    }
 
 
 def patch_spec(cluster: Cluster, namespace: str, name: str, spec: dict) -> None:

@@ -1,0 +1,867 @@
+"""`make bench-autoscale`: the autoscaler end to end on the real-kubelet node (issue 33, shared/autoscaling-design.md
+section 8.3), writing benchmarks/results/autoscaling.md.
+
+The chart's operator (helm) scales one AtomDeployment of paced engines (decode 50 ms a step, 4 lanes; prefill 2 ms a
+prompt token: capacities set by design, not by the shared CPU; benchmarks/autoscale_images.py) on the real node
+(kubelet + containerd, 4 fake NPUs from a real device plugin, kube-proxy). A client pod sends open-loop Poisson
+streams to the Service (benchmarks/autoscale_client.py) through phases that need different pod counts; the bench
+watches the AtomDeployment and its pods (every change, timestamped, plus a 1 s timeline), reads every engine pod's
+gauges every second and at the moment a pod is cordoned, and checks what issue 33's "Checked by" asks:
+
+- zero failed requests across drained scale-downs whose victim had requests running when cordoned;
+- the negative control: the same scale-down with autoscaling Off (a plain replicas decrease) cuts a stream;
+- desired counts vs the pacing arithmetic after each step, pairs inside the band, changes per steady phase;
+- reaction: load step -> desired change, in decision intervals, both roles in one decision.
+
+    python -m benchmarks.bench_autoscale [--no-build] [--phases decode|all] [--no-control] [--raw DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script (make bench-autoscale): tests.realnode and benchmarks.* from here
+    sys.path.insert(0, str(REPO))
+RESULTS = REPO / "benchmarks" / "results" / "autoscaling.md"
+NAME = "tiny"
+ACCEPTING = "serving.atom.dev/accepting"
+ROLE_LABEL = "app.kubernetes.io/component"
+HTTP_PORT = 8000
+
+# The spec under test (design 8.3, shortened windows so the run fits ~25 minutes on 2 shared cores).
+INTERVAL = 5
+SCALE_DOWN_WINDOW = 30
+LANES = 4
+DECODE_STEP_S = 0.050
+PREFILL_S_PER_TOKEN = 0.002
+OCCUPANCY = 0.80
+UTILIZATION = 0.70
+BAND = ((1, 3), (3, 1))  # (prefill, decode) pairs: fewest and most prefill per decode
+BOUNDS = {"decode": (1, 3), "prefill": (1, 3)}
+AUTOSCALING = {
+    "mode": "Operator",
+    "intervalSeconds": INTERVAL,
+    "decode": {"minReplicas": 1, "maxReplicas": 3, "targetOccupancyPercent": int(OCCUPANCY * 100)},
+    "prefill": {"minReplicas": 1, "maxReplicas": 3, "targetUtilizationPercent": int(UTILIZATION * 100)},
+    "ratio": {
+        "min": {"prefill": BAND[0][0], "decode": BAND[0][1]},
+        "max": {"prefill": BAND[1][0], "decode": BAND[1][1]},
+    },
+    "behavior": {"scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW}},
+    "drain": {"timeoutSeconds": 180},
+}
+
+# Phases: (name, seconds, rate/s, ISL, OSL, burst at start). E: long streams (OSL 800 = 40 s at the pace) in flight
+# at the cordons; the burst puts some on the pods that will be drained.
+DECODE_PHASES = [
+    {"name": "A warm", "seconds": 60, "rate": 0.2, "isl": 200, "osl": 100},
+    {"name": "B decode-heavy", "seconds": 150, "rate": 1.5, "isl": 200, "osl": 100},
+    {"name": "E idle, long streams", "seconds": 150, "rate": 0.05, "isl": 200, "osl": 800, "burst": 3},
+]
+PREFILL_PHASES = [
+    {"name": "C3 prefill-heavy", "seconds": 150, "rate": 1.0, "isl": 1000, "osl": 20},
+    {"name": "C2 prefill, less", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20},
+    {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20},
+    # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s = 5.5
+    # sequences / 3.2 -> 2; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+2 = the node's 4 NPUs).
+    {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
+]
+# --phases drains: scale-downs whose victims are busy. The operator drains the idlest pod, so a victim has requests
+# only when every pod has some: long streams (OSL 800 = 40 s) at a rate that needs one pod fewer than run.
+DRAIN_PHASES = [
+    {"name": "A warm", "seconds": 30, "rate": 0.2, "isl": 200, "osl": 100},
+    {"name": "B decode-heavy", "seconds": 120, "rate": 1.5, "isl": 200, "osl": 100},
+    {"name": "F2 long streams for 2 decode", "seconds": 120, "rate": 0.14, "isl": 200, "osl": 800},
+    {"name": "F1 long streams for 1 decode", "seconds": 120, "rate": 0.06, "isl": 200, "osl": 800},
+    {"name": "P3 prefill for 3", "seconds": 90, "rate": 0.8, "isl": 1000, "osl": 20},
+    {"name": "P2 prefill for 2", "seconds": 90, "rate": 0.45, "isl": 1000, "osl": 20},
+    {"name": "P1 prefill for 1", "seconds": 75, "rate": 0.3, "isl": 1000, "osl": 20},
+]
+CONTROL_STREAMS = 8  # the negative control: long streams on two decode pods, then a plain replicas decrease
+
+PEERS = [
+    ("this operator (spec above)", f"decision every {INTERVAL} s; scale-down window {SCALE_DOWN_WINDOW} s"),
+    ("Kubernetes HPA", "sync period 15 s; scale-down stabilization 300 s by default"),
+    ("KEDA (llm-d guides)", "polling 15 s; 300 s cooldown / stabilization windows"),
+    ("Dynamo planner, load mode", "adjustment interval 5 s, +-1 replica per interval (throughput mode 180 s)"),
+    ("AIBrix KPA", "60 s panic window / 180 s stable window"),
+]
+
+
+def expected(phase: dict) -> tuple[int, int]:
+    """The pacing arithmetic: decode holds a lane for osl x 50 ms (time waiting for a remote KV is prefill's
+    shortfall, not decode demand), 4 lanes at 80 %; prefill 2 ms a token at 70 %. (prefill, decode)."""
+    mix = phase.get("mix") or [[1, phase["isl"], phase["osl"]]]
+    total = sum(w for w, _, _ in mix)
+    seq = sum(phase["rate"] * w / total * osl * DECODE_STEP_S for w, _, osl in mix)
+    busy = sum(phase["rate"] * w / total * isl * PREFILL_S_PER_TOKEN for w, isl, _ in mix)
+    d = min(BOUNDS["decode"][1], max(BOUNDS["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
+    p = min(BOUNDS["prefill"][1], max(BOUNDS["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))
+    return p, d
+
+
+def in_band(p: int, d: int) -> bool:
+    (pmin, dmin), (pmax, dmax) = BAND
+    return p * dmin >= pmin * d and p * dmax <= pmax * d
+
+
+def now() -> float:
+    return time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{dt.datetime.now(dt.UTC).strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- observation ---------------------------------------------------------------------------------------------
+GAUGES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "atom:requests_in_flight",
+    "atom:pd_waiting_for_kv",
+    "atom:prefill_tokens_waiting",
+)
+
+
+def gauges(ip: str) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{HTTP_PORT}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except Exception:  # noqa: BLE001 - a pod not answering is recorded as None
+        return None
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@dataclass
+class PodState:
+    name: str
+    role: str
+    accepting: str | None
+    ip: str | None
+    ready: bool
+    deleting: bool
+    cost: str | None
+
+
+def pod_state(obj: dict) -> PodState:
+    md, st = obj["metadata"], obj.get("status") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or [])
+    return PodState(
+        md["name"],
+        md.get("labels", {}).get(ROLE_LABEL, "?"),
+        md.get("labels", {}).get(ACCEPTING),
+        st.get("podIP"),
+        ready,
+        bool(md.get("deletionTimestamp")),
+        (md.get("annotations") or {}).get("controller.kubernetes.io/pod-deletion-cost"),
+    )
+
+
+class Observer:
+    """kubectl watches of the AtomDeployment and its pods (every change, timestamped), the engines' gauges every
+    second and at each cordon, and a 1 s timeline of the lot."""
+
+    def __init__(self, cluster, namespace: str, raw: Path) -> None:  # noqa: ANN001
+        self.cluster, self.ns, self.raw = cluster, namespace, raw
+        self.pods: dict[str, PodState] = {}
+        self.owner: dict = {}
+        self.pod_events: list[dict] = []
+        self.owner_events: list[dict] = []
+        self.cordons: list[dict] = []
+        self.gauge_now: dict[str, dict] = {}
+        self.timeline: list[dict] = []
+        self.stop = threading.Event()
+        self.procs: list[subprocess.Popen] = []
+        self.lock = threading.Lock()
+        self.events_seen = 0
+
+    def _watch(self, args: list[str], on_obj) -> None:  # noqa: ANN001
+        while not self.stop.is_set():
+            cmd = [
+                str(self.cluster.kubectl_path),
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "get",
+                *args,
+                "-n",
+                self.ns,
+                "--watch",
+                "-o",
+                "json",
+                "--output-watch-events",
+                "--request-timeout=0",
+            ]
+            errlog = open(self.raw / f"watch-{args[0].split('.')[0]}.stderr", "ab")  # noqa: SIM115
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog)
+            self.procs.append(proc)
+            assert proc.stdout is not None
+            decoder = json.JSONDecoder()
+            buf = ""
+            while True:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk.decode(errors="replace")
+                while True:
+                    buf = buf.lstrip()
+                    if not buf:
+                        break
+                    try:
+                        ev, end = decoder.raw_decode(buf)
+                    except json.JSONDecodeError:
+                        break  # incomplete: read more
+                    buf = buf[end:]
+                    if isinstance(ev, dict) and "object" in ev:
+                        self.events_seen += 1
+                        try:
+                            on_obj(ev, now())
+                        except Exception as e:  # noqa: BLE001 - a bad event must not end the watch
+                            log(f"watch {args[0]}: {type(e).__name__}: {e}")
+            proc.wait()
+            time.sleep(0.5)
+
+    def _on_pod(self, ev: dict, t: float) -> None:
+        obj = ev["object"]
+        if obj.get("kind") != "Pod":
+            return
+        new = pod_state(obj)
+        gone = ev.get("type") == "DELETED"
+        with self.lock:
+            old = self.pods.get(new.name)
+            if gone:
+                self.pods.pop(new.name, None)
+            else:
+                self.pods[new.name] = new
+            self.pod_events.append({"t": t, "type": ev.get("type"), **new.__dict__})
+        if old and old.accepting != "false" and new.accepting == "false" and not gone:
+            rec = {"t": t, "pod": new.name, "role": new.role, "last_sample": self.gauge_now.get(new.name)}
+            if new.ip:
+                rec["at_cordon"] = gauges(new.ip)
+                rec["at_cordon_t"] = now()
+            with self.lock:
+                self.cordons.append(rec)
+            log(f"cordon {new.name} ({new.role}): at cordon {rec.get('at_cordon')}")
+        if old and old.accepting == "false" and new.accepting == "true" and not gone:
+            with self.lock:
+                self.cordons.append({"t": t, "pod": new.name, "role": new.role, "uncordon": True})
+            log(f"uncordon {new.name}")
+
+    def _on_owner(self, ev: dict, t: float) -> None:
+        obj = ev["object"]
+        st = obj.get("status") or {}
+        rec = {
+            "t": t,
+            "generation": obj["metadata"].get("generation"),
+            "spec_mode": (obj["spec"].get("autoscaling") or {}).get("mode"),
+            "autoscaling": st.get("autoscaling"),
+            "conditions": [
+                {k: c.get(k) for k in ("type", "status", "reason", "message")} for c in st.get("conditions") or []
+            ],
+            "decode": st.get("decode"),
+            "prefill": st.get("prefill"),
+        }
+        with self.lock:
+            self.owner = rec
+            self.owner_events.append(rec)
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            began = now()
+            with self.lock:
+                live = [p for p in self.pods.values() if p.ip]
+            for p in live:
+                g = gauges(p.ip)
+                if g is not None:
+                    self.gauge_now[p.name] = {"t": now(), **g}
+            with self.lock:
+                a = self.owner.get("autoscaling") or {}
+                self.timeline.append(
+                    {
+                        "t": began,
+                        "desired": {r: (a.get(r) or {}).get("desiredReplicas") for r in ("prefill", "decode")},
+                        "recommended": {r: (a.get(r) or {}).get("recommendedReplicas") for r in ("prefill", "decode")},
+                        "ready": {r: (self.owner.get(r) or {}).get("readyReplicas") for r in ("prefill", "decode")},
+                        "reason": a.get("reason"),
+                        "limited": next(
+                            (c for c in self.owner.get("conditions", []) if c["type"] == "ScalingLimited"), None
+                        ),
+                        "pods": {
+                            p.name: {
+                                "role": p.role,
+                                "accepting": p.accepting,
+                                "ready": p.ready,
+                                "deleting": p.deleting,
+                                "gauges": self.gauge_now.get(p.name),
+                            }
+                            for p in self.pods.values()
+                        },
+                    }
+                )
+            time.sleep(max(0.0, 1.0 - (now() - began)))
+
+    def start(self) -> None:
+        for target, fn in (
+            (["pods", "-l", f"app.kubernetes.io/instance={NAME}"], self._on_pod),
+            (["atomdeployments.serving.atom.dev", NAME], self._on_owner),
+        ):
+            threading.Thread(target=self._watch, args=(target, fn), daemon=True).start()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for name, data in (
+            ("pod_events", self.pod_events),
+            ("owner_events", self.owner_events),
+            ("cordons", self.cordons),
+            ("timeline", self.timeline),
+        ):
+            (self.raw / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in data))
+
+
+# ---- the client -------------------------------------------------------------------------------------------
+class Client:
+    def __init__(self, cluster, namespace: str, url: str, model: str, raw: Path, label: str) -> None:  # noqa: ANN001
+        self.cluster, self.ns, self.url, self.model, self.raw, self.label = cluster, namespace, url, model, raw, label
+        self.lines: list[dict] = []
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+
+    def start(self, schedule: list[dict], seed: int) -> None:
+        script = (REPO / "benchmarks" / "autoscale_client.py").read_text()
+        cmd = [
+            str(self.cluster.kubectl_path),
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "exec",
+            "-n",
+            self.ns,
+            "client",
+            "--",
+            "python3",
+            "-c",
+            script,
+            self.url,
+            self.model,
+            json.dumps(schedule),
+            str(seed),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    rec = {"event": "noise", "line": line.strip()}
+                self.lines.append(rec)
+                if rec.get("event") == "phase":
+                    log(f"phase {rec['name']}")
+                elif rec.get("event") == "request" and not rec.get("ok"):
+                    log(f"FAILED request {rec}")
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def wait(self, timeout: float) -> None:
+        assert self.proc is not None and self.reader is not None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.reader.join(10)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        if err.strip():
+            log(f"client stderr: {err.strip()[-500:]}")
+        (self.raw / f"client-{self.label}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in self.lines))
+
+    def requests(self) -> list[dict]:
+        return [x for x in self.lines if x.get("event") == "request"]
+
+    def phases(self) -> list[dict]:
+        return [x for x in self.lines if x.get("event") == "phase"]
+
+
+# ---- the run ----------------------------------------------------------------------------------------------
+def deployment() -> dict:
+    from atom_localcluster import chart
+
+    obj = chart.atomdeployment(NAME)
+    spec = obj["spec"]
+    spec["model"]["maxSeqLen"] = 1024  # ISL 200 + OSL 800, ISL 1000 + OSL 20
+    spec["decode"].update({"lanes": LANES, "kvBlocks": LANES + 2, "prefixCache": False, "speculativeTokens": 0})
+    spec["autoscaling"] = AUTOSCALING
+    return obj
+
+
+def wait_for(probe, timeout: float, what: str):  # noqa: ANN001, ANN201
+    deadline = now() + timeout
+    while now() < deadline:
+        v = probe()
+        if v:
+            return v
+        time.sleep(1)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from atom_localcluster import chart
+    from atom_localcluster.images import base, daemon
+    from atom_localcluster.realnode import RealNodeCluster
+
+    from benchmarks import autoscale_cluster as scenario
+    from benchmarks import autoscale_images
+
+    raw = Path(args.raw)
+    raw.mkdir(parents=True, exist_ok=True)
+    info: dict = {"started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load_start": os.getloadavg()}
+    t0 = now()
+    daemon.ensure_daemon()
+    tags = (
+        {"operator": autoscale_images.OPERATOR_TAG, "paced": autoscale_images.PACED_TAG}
+        if args.no_build
+        else autoscale_images.build_all()
+    )
+    info["build_s"] = now() - t0
+    # The commit the images were built from (their label), not the checkout's HEAD now: others commit meanwhile.
+    info["head"] = autoscale_images.commit_of(tags["paced"])
+    client_image = base.base_image()
+    node = RealNodeCluster(nodes=())
+    t1 = now()
+    node.start()
+    try:
+        for ref in (tags["operator"], tags["paced"], client_image):
+            s = now()
+            node.import_image(ref)
+            log(f"imported {ref} in {now() - s:.0f}s")
+        info["cluster_s"] = now() - t1
+        chart.helm_install(node, tags["operator"], tags["paced"])
+        ns = f"bench-{uuid.uuid4().hex[:6]}"
+        node.kubectl("create", "namespace", ns)
+        node.apply(chart.client_pod(client_image), "-n", ns)
+        obs = Observer(node, ns, raw)
+        obs.start()
+        t2 = now()
+        node.apply(deployment(), "-n", ns)
+        scenario.wait_ready(node, ns, NAME, timeout=600)
+        info["ready_s"] = now() - t2
+        log(f"AtomDeployment Ready in {info['ready_s']:.0f}s")
+        wait_for(
+            lambda: all(
+                c["ready"]
+                for c in node.get("pod", "client", "-n", ns)["status"].get("containerStatuses", [{"ready": False}])
+            ),
+            120,
+            "the client pod",
+        )
+        wait_for(
+            lambda: any(p.role == "decode" and p.ip for p in obs.pods.values()) and obs.owner,
+            60,
+            "the watches to see the pods and the AtomDeployment",
+        )
+        decode_pod = next(p for p in obs.pods.values() if p.role == "decode" and p.ip)
+        with urllib.request.urlopen(f"http://{decode_pod.ip}:{HTTP_PORT}/v1/models", timeout=10) as r:
+            model = json.load(r)["data"][0]["id"]
+        url = f"http://{NAME}.{ns}.svc:{HTTP_PORT}/v1/completions"
+        schedule = list(DECODE_PHASES) + (list(PREFILL_PHASES) if args.phases == "all" else [])
+        if args.phases == "drains":
+            schedule = list(DRAIN_PHASES)
+        if args.smoke:
+            schedule = [dict(DECODE_PHASES[0], seconds=30)]
+        info["schedule"] = schedule
+        main = Client(node, ns, url, model, raw, "autoscaled")
+        main.start(schedule, seed=33)
+        main.wait(sum(p["seconds"] for p in schedule) + 300)
+        info["load_after_main"] = os.getloadavg()
+        # Let the last scale-down finish before the control (it needs the pods it leaves).
+        if not args.smoke:
+            try:
+                wait_for(lambda: not any(p.accepting == "false" for p in obs.pods.values()), 240, "drains to end")
+            except TimeoutError as e:
+                log(str(e))
+        control = None
+        if not args.no_control and not args.smoke:
+            control = negative_control(node, ns, url, model, raw, obs)
+        events = node.kubectl("get", "events", "-n", ns, "-o", "json", check=False).stdout
+        (raw / "events.json").write_text(events)
+        obs.close()
+        info["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        info["load_end"] = os.getloadavg()
+        info["total_s"] = now() - t0
+        (raw / "info.json").write_text(json.dumps(info))
+        if control:
+            (raw / "control.json").write_text(json.dumps({k: v for k, v in control.items() if k != "client"}))
+        return {"info": info, "main": main, "control": control, "obs": obs, "events": json.loads(events or "{}")}
+    finally:
+        try:
+            chart.helm_uninstall(node)
+        finally:
+            node.stop()
+
+
+def negative_control(node, ns: str, url: str, model: str, raw: Path, obs: Observer) -> dict:  # noqa: ANN001
+    """The same scale-down without the drain: mode Off, two decode pods, long streams on both, replicas 2 -> 1."""
+    from benchmarks import autoscale_cluster as scenario
+
+    log("negative control: mode Off, decode replicas 2")
+    scenario.patch_spec(
+        node, ns, NAME, {"autoscaling": {"mode": "Off"}, "decode": {"replicas": 2}, "prefill": {"replicas": 1}}
+    )
+    wait_for(
+        lambda: (
+            sum(1 for p in obs.pods.values() if p.role == "decode" and p.ready and not p.deleting) == 2
+            and not any(p.deleting for p in obs.pods.values())
+        ),
+        300,
+        "two Ready decode pods (mode Off)",
+    )
+    ctl = Client(node, ns, url, model, raw, "control")
+    ctl.start([{"name": "control", "seconds": 1, "rate": 0, "isl": 200, "osl": 800, "burst": CONTROL_STREAMS}], seed=7)
+    time.sleep(8)  # prefilled and decoding on both pods
+    before = {n: obs.gauge_now.get(n) for n, p in obs.pods.items() if p.role == "decode"}
+    t = now()
+    scenario.patch_spec(node, ns, NAME, {"decode": {"replicas": 1}})
+    log(f"negative control: replicas 1 at {t:.0f}; gauges before {before}")
+    ctl.wait(240)
+    return {"client": ctl, "scaled_at": t, "gauges_before": before}
+
+
+# ---- analysis ---------------------------------------------------------------------------------------------
+def shape_of(p: dict) -> str:
+    if p.get("mix"):
+        return " + ".join(f"{isl}/{osl}" for _, isl, osl in p["mix"])
+    return f"{p['isl']}/{p['osl']}"
+
+
+def grace() -> int:
+    from atom_operator.children.workload import TERMINATION_GRACE_SECONDS
+
+    return TERMINATION_GRACE_SECONDS
+
+
+def fmt_t(t: float, base: float) -> str:
+    return f"{t - base:+.0f}s"
+
+
+def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
+    info, main, obs = res["info"], res["main"], res["obs"]
+    reqs = main.requests()
+    phases = main.phases()
+    base = phases[0]["t"] if phases else obs.timeline[0]["t"]
+    end_main = max((r["end"] for r in reqs), default=base)
+    bounds = [
+        (p["name"], p["t"], phases[i + 1]["t"] if i + 1 < len(phases) else end_main, p) for i, p in enumerate(phases)
+    ]
+    out: list[str] = []
+    w = out.append
+    la = info
+    w("# Autoscaling on the real-kubelet node (`make bench-autoscale`)\n")
+    w(
+        f"Run {info['started']} -> {info['finished']} UTC, commit {info['head']}"
+        " (images built from `git archive HEAD`);"
+        f" load average at start {la['load_start'][0]:.2f} / {la['load_start'][1]:.2f} / {la['load_start'][2]:.2f},"
+        f" after the load phases {la['load_after_main'][0]:.2f}, at the end {la['load_end'][0]:.2f}"
+        " (2 shared cores; other work ran on the machine meanwhile)."
+        f" Whole run {info['total_s'] / 60:.1f} min (images {info['build_s']:.0f} s, node + image import"
+        f" {info['cluster_s']:.0f} s, first Ready {info['ready_s']:.0f} s).\n"
+    )
+    w(
+        "Setup: the chart's operator (helm), the real node (kubelet + containerd, 4 fake NPUs from the device plugin,"
+        " kube-proxy), one AtomDeployment `tiny` (builtin:tiny, cpu backend, one NPU a pod) whose engines run the"
+        " test-only paced runner (decode 50 ms a step, 4 lanes; prefill 2 ms a prompt token), autoscaling"
+        f" `{json.dumps(AUTOSCALING)}`. An in-cluster client pod sends open-loop Poisson streams"
+        " (`/v1/completions`, `ignore_eos`, random token-id prompts) to the Service's DNS name.\n"
+    )
+
+    # -- requests
+    def failed(rs: list[dict]) -> list[dict]:
+        return [r for r in rs if not r.get("ok")]
+
+    summary_at = len(out)
+    w("## Requests per phase\n")
+    w(
+        "| Phase | s | rate/s | ISL/OSL | requests | failed | TTFT p50 / p90 (s) | expected P+D | desired at end P+D |"
+        " ready at end P+D | changes P / D after the first |"
+    )
+    w("|---|---|---|---|---|---|---|---|---|---|---|")
+    phase_rows = []
+    for name, t_a, t_b, p in bounds:
+        rs = [r for r in reqs if r["phase"] == name]
+        ttft = sorted(r["first"] - r["start"] for r in rs if r.get("first"))
+
+        def q(x: float, ttft: list[float] = ttft) -> str:
+            return f"{ttft[min(len(ttft) - 1, int(x * len(ttft)))]:.2f}" if ttft else "-"
+
+        exp = expected(p)
+        tl = [s for s in obs.timeline if t_a <= s["t"] < t_b]
+        last = tl[-1] if tl else None
+        des = (last["desired"]["prefill"], last["desired"]["decode"]) if last else (None, None)
+        rdy = (last["ready"]["prefill"], last["ready"]["decode"]) if last else (None, None)
+        changes = {}
+        for role in ("prefill", "decode"):
+            seq = [s["desired"][role] for s in tl if s["desired"][role] is not None]
+            n = sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
+            changes[role] = max(0, n - 1)  # the step's own change is the reaction, not instability
+        phase_rows.append({"name": name, "expected": exp, "desired": des, "changes": changes, "t": t_a, "end": t_b})
+        w(
+            f"| {name} | {p['seconds']} | {p['rate']} | {shape_of(p)} | {len(rs)} | {len(failed(rs))} |"
+            f" {q(0.5)} / {q(0.9)} | {exp[0]}+{exp[1]} | {des[0]}+{des[1]} | {rdy[0]}+{rdy[1]} |"
+            f" {changes['prefill']} / {changes['decode']} |"
+        )
+    all_failed = failed(reqs)
+    w(
+        f"\nAll phases: {len(reqs)} requests, **{len(all_failed)} failed** (a failure: not HTTP 200, no `[DONE]`, no"
+        " finish_reason, or completion_tokens != max_tokens)."
+    )
+    for r in all_failed[:10]:
+        w(
+            f"- failed: id {r['id']} phase {r['phase']} status {r['status']} done {r['done']} finish {r['finish']}"
+            f" tokens {r['completion_tokens']}/{r['osl']} error {r['error']}"
+        )
+    w("")
+
+    # -- drains
+    w("## Scale-downs: cordon -> gone\n")
+    w(
+        "| Pod | Role | cordoned at | running / in flight at cordon (read at the watch event) | pod deleting at |"
+        " un-cordoned | victim at cordon |"
+    )
+    w("|---|---|---|---|---|---|---|")
+    qualifying = {"decode": 0, "prefill": 0}
+    drains = []
+    for c in obs.cordons:
+        if c.get("uncordon"):
+            continue
+        deleting = next(
+            (e["t"] for e in obs.pod_events if e["name"] == c["pod"] and e["deleting"] and e["t"] >= c["t"]), None
+        )
+        unc = next(
+            (x["t"] for x in obs.cordons if x.get("uncordon") and x["pod"] == c["pod"] and x["t"] > c["t"]), None
+        )
+        g = c.get("at_cordon") or {}
+        running = g.get("vllm:num_requests_running")
+        flight = g.get("atom:requests_in_flight")
+        busy = (running or 0) > 0 or (flight or 0) > 0
+        if busy and deleting and not unc:
+            qualifying[c["role"]] += 1
+        drains.append({**c, "deleting": deleting, "uncordon_t": unc, "busy": busy})
+        took = f"{fmt_t(deleting, base)} ({deleting - c['t']:.0f} s after)" if deleting else "-"
+        w(
+            f"| {c['pod']} | {c['role']} | {fmt_t(c['t'], base)} | {running} / {flight} | {took} |"
+            f" {fmt_t(unc, base) if unc else 'no'} | {'busy' if busy else 'idle'} |"
+        )
+    w(
+        f"\nDrained scale-downs whose victim had requests running when cordoned and that ended in the pod's removal:"
+        f" decode {qualifying['decode']}, prefill {qualifying['prefill']} (criterion: >= 2 per role).\n"
+    )
+
+    # -- negative control
+    control_cut = None
+    ctl = res.get("control")
+    w("## Negative control: the same scale-down without the drain\n")
+    if ctl:
+        crs = ctl["client"].requests()
+        cf = failed(crs)
+        control_cut = len(cf)
+        w(
+            "Autoscaling mode Off, decode replicas 2 -> 1 (a plain decrease: the ReplicaSet picks the pod, SIGTERM,"
+            f" the engine's own shutdown, terminationGracePeriodSeconds {grace()} s) with {CONTROL_STREAMS} streams"
+            " of 800 tokens (40 s at the pace) started 8 s before. Decode gauges just before: "
+            f"{ {k: (v or {}).get('vllm:num_requests_running') for k, v in ctl['gauges_before'].items()} }."
+        )
+        w(f"\n**{len(cf)} of {len(crs)} streams cut** (criterion: >= 1).")
+        for r in cf[:8]:
+            w(
+                f"- id {r['id']}: status {r['status']}, {r['chunks']} chunks, done {r['done']}, finish {r['finish']},"
+                f" tokens {r['completion_tokens']}/{r['osl']}, error {r['error']},"
+                f" ended {r['end'] - r['start']:.1f} s in"
+            )
+    else:
+        w("Not run.")
+    w("")
+
+    # -- decisions
+    w("## Decisions (status.autoscaling as watched)\n")
+    w("| t | desired P+D | recommended P+D | in band | ScalingLimited | reason |")
+    w("|---|---|---|---|---|---|")
+    prev = None
+    changes_at = []
+    band_ok = True
+    for e in obs.owner_events:
+        a = e.get("autoscaling") or {}
+        des = ((a.get("prefill") or {}).get("desiredReplicas"), (a.get("decode") or {}).get("desiredReplicas"))
+        if des == prev or des[0] is None or e.get("spec_mode") != "Operator":
+            continue
+        rec = ((a.get("prefill") or {}).get("recommendedReplicas"), (a.get("decode") or {}).get("recommendedReplicas"))
+        lim = next((c for c in e["conditions"] if c["type"] == "ScalingLimited"), None)
+        ib = in_band(*des)
+        limited = lim and lim["status"] == "True"
+        band_ok &= ib or bool(limited)
+        w(
+            f"| {fmt_t(e['t'], base)} | {des[0]}+{des[1]} | {rec[0]}+{rec[1]} | {'yes' if ib else 'NO'} |"
+            f" {(lim['status'] + '/' + str(lim['reason'])) if lim else '-'} | {(a.get('reason') or '')[:160]} |"
+        )
+        changes_at.append((e["t"], prev, des))
+        prev = des
+    w(
+        f"\nEvery applied pair inside the band [{BAND[0][0]}:{BAND[0][1]}, {BAND[1][0]}:{BAND[1][1]}]"
+        " or ScalingLimited:"
+        f" {'yes' if band_ok else 'NO'}.\n"
+    )
+    ready_out = sum(
+        1
+        for s in obs.timeline
+        if s["ready"]["prefill"]
+        and s["ready"]["decode"]
+        and not in_band(s["ready"]["prefill"], s["ready"]["decode"])
+        and base <= s["t"] <= end_main
+    )
+    w(f"Seconds (1 s samples) where the Ready counts sat outside the band: {ready_out}.\n")
+
+    # -- reaction
+    w("## Reaction: load step -> desired change\n")
+    w(
+        "| Step into | expected P+D | first desired change after the step | seconds | decision intervals |"
+        " roles moved in that decision |"
+    )
+    w("|---|---|---|---|---|---|")
+    ups = []
+    for i, row in enumerate(phase_rows[1:], start=1):
+        before = phase_rows[i - 1]
+        if row["expected"] == before["expected"]:
+            continue
+        grow = [r for r, x, y in zip(("prefill", "decode"), before["expected"], row["expected"], strict=True) if y > x]
+        nxt = next(((t, a, b) for t, a, b in changes_at if t >= row["t"] and a is not None), None)
+        if not nxt:
+            w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none | - | - | - |")
+            if grow:
+                ups.append((row["name"], None, grow, []))
+            continue
+        t, a, b = nxt
+        moved = [r for r, x, y in zip(("prefill", "decode"), a, b, strict=True) if x != y]
+        if grow:
+            ups.append((row["name"], (t - row["t"]) / INTERVAL, grow, moved))
+        w(
+            f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | {a[0]}+{a[1]} -> {b[0]}+{b[1]} |"
+            f" {t - row['t']:.1f} | {(t - row['t']) / INTERVAL:.1f} | {', '.join(moved)} |"
+        )
+    w(
+        "\nA scale-down waits for the stabilization window by design; its delay is the window plus the decision, not"
+        " a reaction time.\n"
+    )
+    w("Published intervals of peers, beside ours:\n")
+    w("| Controller | Interval / windows |")
+    w("|---|---|")
+    for a, b in PEERS:
+        w(f"| {a} | {b} |")
+    w("")
+
+    # -- the verdicts, at the top
+    def yes(ok: bool | None) -> str:
+        return "not measured" if ok is None else ("**met**" if ok else "**NOT met**")
+
+    wrong = [r for r in phase_rows if r["desired"] != r["expected"]]
+    unstable = [r for r in phase_rows if max(r["changes"].values()) > 1]
+    slow = [u for u in ups if u[1] is None or u[1] > 2]
+    both = [u for u in ups if len(u[2]) == 2]
+    summary = [
+        "## Acceptance (issue 33, Checked by)\n",
+        "| Criterion | Measured | Verdict |",
+        "|---|---|---|",
+        f"| Zero failed requests | {len(all_failed)} of {len(reqs)} failed | {yes(not all_failed)} |",
+        f"| >= 2 drained scale-downs per role with requests running at the cordon | decode {qualifying['decode']},"
+        f" prefill {qualifying['prefill']} | {yes(min(qualifying.values()) >= 2)} |",
+        f"| Negative control cuts >= 1 stream | {control_cut if control_cut is not None else '-'} cut |"
+        f" {yes(None if control_cut is None else control_cut >= 1)} |",
+        f"| Desired = the pacing optimum at each phase's end | {len(phase_rows) - len(wrong)} of {len(phase_rows)}"
+        f"{' (off: ' + ', '.join(r['name'] for r in wrong) + ')' if wrong else ''} | {yes(not wrong)} |",
+        f"| Applied pairs inside the band or ScalingLimited | {'all' if band_ok else 'not all'} | {yes(band_ok)} |",
+        f"| <= 1 change per role per steady phase (after the step's own) | {len(phase_rows) - len(unstable)} of"
+        f" {len(phase_rows)} | {yes(not unstable)} |",
+        "| Scale-up reaction <= 2 decision intervals | "
+        + (", ".join(f"{u[0]}: {'none' if u[1] is None else f'{u[1]:.1f}'}" for u in ups) or "-")
+        + f" | {yes(None if not ups else not slow)} |",
+        "| Both roles in one decision when both must grow | "
+        + (", ".join(f"{u[0]}: moved {'+'.join(u[3]) or 'nothing'}" for u in both) or "no such step")
+        + f" | {yes(None if not both else all(len(u[3]) == 2 for u in both))} |",
+        "",
+    ]
+    out[summary_at:summary_at] = summary
+    return "\n".join(out) + "\n"
+
+
+class _Loaded:
+    """The raw logs of a run, read back: analyse() again without running (--analyse DIR)."""
+
+    def __init__(self, **kw: object) -> None:
+        self.__dict__.update(kw)
+
+    def requests(self) -> list[dict]:
+        return [x for x in self.lines if x.get("event") == "request"]  # type: ignore[attr-defined]
+
+    def phases(self) -> list[dict]:
+        return [x for x in self.lines if x.get("event") == "phase"]  # type: ignore[attr-defined]
+
+
+def load_raw(raw: Path) -> dict:
+    def jl(name: str) -> list[dict]:
+        f = raw / name
+        return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.exists() else []
+
+    obs = _Loaded(**{n: jl(f"{n}.jsonl") for n in ("pod_events", "owner_events", "cordons", "timeline")})
+    control = None
+    if (raw / "control.json").exists():
+        control = {
+            **json.loads((raw / "control.json").read_text()),
+            "client": _Loaded(lines=jl("client-control.jsonl")),
+        }
+    return {
+        "info": json.loads((raw / "info.json").read_text()),
+        "main": _Loaded(lines=jl("client-autoscaled.jsonl")),
+        "control": control,
+        "obs": obs,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-build", action="store_true", help="use the images built by an earlier run")
+    ap.add_argument("--phases", choices=("decode", "all", "drains"), default="all")
+    ap.add_argument("--no-control", action="store_true", help="skip the negative control")
+    ap.add_argument("--smoke", action="store_true", help="one 30 s phase, no control: the harness works")
+    ap.add_argument("--raw", default=str(REPO / "build" / "bench-autoscale"), help="raw logs (jsonl) go here")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--analyse", metavar="DIR", help="only write the report again from a run's raw logs")
+    args = ap.parse_args()
+    res = load_raw(Path(args.analyse)) if args.analyse else run(args)
+    text = analyse(res)
+    Path(args.raw, "report.md").write_text(text)
+    if not args.smoke:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

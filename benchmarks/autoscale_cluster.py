@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from atom_localcluster.cluster import Cluster
 
-REPO = Path(__file__).resolve().parents[1]
 GROUP = "atomdeployments.serving.atom.dev"
 
 

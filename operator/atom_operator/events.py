@@ -68,9 +68,6 @@ class Recorder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def pending(self) -> int:
-        return len(self._tasks)
-
     async def flush(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the Events recorded so far (on shutdown; in tests)."""
         if self._tasks:

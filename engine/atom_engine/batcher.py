@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -58,9 +59,11 @@ class Batcher:
         detokenize: Callable[[list[int]], str] | None = None,
         connector: KVConnector | None = None,
         speculative_tokens: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``connector``: where prompt KV comes from instead of local prefill (None: every prompt is prefilled
-        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none)."""
+        here). ``speculative_tokens``: the longest draft a greedy lane feeds per decode step (0: none). ``clock``:
+        what a request's decode seconds are read from (its first token to its end)."""
         self.runner = runner
         self.kv = kv
         self.lanes: list[Sequence | None] = [None] * lanes
@@ -71,6 +74,7 @@ class Batcher:
         self.outputs = OutputProcessor(detokenize, eos_token_id)
         self.connector = connector
         self.speculative_tokens = speculative_tokens
+        self.clock = clock
         self.mixes_prefill = runner.capabilities.mixed  # prefill chunks ride in the decode forward
         self.waiting: deque[Sequence] = deque()
         self._lock = threading.Lock()  # add/cancel may come from another thread than step
@@ -104,6 +108,7 @@ class Batcher:
             self.waiting.append(seq)
             self.counters.arrived_requests += 1
             self.counters.arrived_prompt_tokens += len(prompt)
+            self.counters.arrived_max_tokens += params.max_tokens
         return seq
 
     def cancel(self, request_id: str) -> None:
@@ -310,7 +315,7 @@ class Batcher:
         self.counters.prefill_chunks += 1
         self.counters.prefill_tokens_computed += len(c.tokens)
         if c.last:
-            seq.status = Status.DECODE
+            self._decodes(seq)
             self._append(seq, token, out)
 
     def _imported(self, imp: Import, token: int | Exception, out: list[Pending]) -> None:
@@ -323,7 +328,7 @@ class Batcher:
             self._fail(seq, token, out)
             return
         seq.computed = len(seq.prompt)
-        seq.status = Status.DECODE
+        self._decodes(seq)
         self._append(seq, token, out)
 
     def take_tokens(self, plan: StepPlan, result: StepResult) -> None:
@@ -418,6 +423,11 @@ class Batcher:
         return self.outputs.emit(seq, tokens, at, final)
 
     # -- outcomes --------------------------------------------------------------------------------
+    def _decodes(self, seq: Sequence) -> None:
+        """Its prompt's KV is complete: from its first token on, its lane decodes."""
+        seq.status = Status.DECODE
+        seq.decode_began = self.clock()
+
     def _append(self, seq: Sequence, token: int | None, out: list[Pending]) -> None:
         if token is None:
             self._fail(seq, RuntimeError("the runner returned no token"), out)
@@ -452,6 +462,9 @@ class Batcher:
             self.counters.requests_cancelled += 1
         else:
             self.counters.requests_finished += 1
+        if seq.decode_began is not None:
+            self.counters.decode_seconds += self.clock() - seq.decode_began
+            self.counters.decoded_max_tokens += seq.params.max_tokens
         if release and not self.in_flight:
             self._release(seq)
         else:

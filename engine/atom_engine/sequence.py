@@ -138,6 +138,7 @@ class Sequence:
     output_done: bool = False  # its last StepOutput was made
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
     constraint: Any = None  # the grammar's state for this request (structured outputs), owned by the sampler
+    decode_began: float | None = None  # the batcher's clock at its first token (its prompt's KV complete)
 
     @property
     def tokens(self) -> list[int]:

@@ -70,6 +70,11 @@ class BatcherCounters(ByName):
     draft_tokens_accepted: int = 0
     arrived_requests: int = 0  # at enqueue: an autoscaler's demand, not served
     arrived_prompt_tokens: int = 0
+    arrived_max_tokens: int = 0  # the longest each arrival may decode: its demand on a lane, known at arrival
+    # First token to end, summed over the requests that ended (cancelled and failed too: they held a lane as
+    # long), and their max_tokens: seconds of lane per max_token asked, which turns arrivals into lanes needed.
+    decode_seconds: float = 0.0
+    decoded_max_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)

@@ -201,3 +201,24 @@ def test_lanes_one_kv_blocks_two_without_cache_serves_the_same_prompt_twice() ->
     c = b.add([6, 5, 4], SamplingParams(max_tokens=5))
     run(b, [a, c])
     assert a.output == c.output == reference([6, 5, 4], 5)
+
+
+def test_decode_seconds_run_from_the_first_token_to_the_end_of_each_request() -> None:
+    """What an autoscaler turns arrivals into lanes with (seconds of lane per max_token asked): a step is one tick
+    of the clock here, a request decodes from the step that completes its prompt, and a cancel counts too (it held
+    its lane until then); one still queued at its cancel never decoded and adds nothing."""
+    ticks = iter(range(1000))
+    b = make(lanes=2, chunk=8, clock=lambda: float(next(ticks)))
+    one = b.add([1, 2], SamplingParams(max_tokens=3))
+    two = b.add([3], SamplingParams(max_tokens=20))
+    queued = b.add([4], SamplingParams(max_tokens=5))
+    run(b, [one])
+    assert b.counters.decoded_max_tokens == 3 and b.counters.arrived_max_tokens == 3 + 20 + 5
+    first = b.counters.decode_seconds
+    assert first > 0
+    b.cancel(two.id)
+    b.cancel(queued.id)
+    run(b, [two, queued])
+    assert two.finish_reason == "cancelled" and queued.finish_reason == "cancelled"
+    assert b.counters.decoded_max_tokens == 3 + 20 and b.counters.decode_seconds > first
+    assert b.counters.requests_cancelled == 2

@@ -90,6 +90,9 @@ async def test_prefill_and_decode_signals_follow_a_burst(tmp_path: Path) -> None
         assert decode["atom:arrived_prompt_tokens_total"] == decode["vllm:prompt_tokens_total"] == tokens
         assert decode["atom:pd_waiting_for_kv"] == 0 and decode["atom:requests_in_flight"] == 0
         assert decode["atom:pd_fetch_seconds_count"] == 4
+        # Decode time starts at the first token: the remote prefill's wait is not in it.
+        assert decode["atom:decoded_max_tokens_total"] == decode["atom:arrived_max_tokens_total"] == 4 * 4
+        assert 0 < decode["atom:request_decode_seconds_total"] < decode["atom:pd_fetch_seconds_sum"]
         assert decode["atom:pd_fetch_seconds_sum"] >= after["vllm:request_queue_time_seconds_sum"]
 
 

@@ -38,7 +38,8 @@ ENGINE = {  # what a standalone engine's server exported before the table read s
     "atom:cpu_threads", "atom:engine_idle", "atom:pd_source_slots_held", "atom:requests_finished",
     "atom:requests_cancelled", "atom:requests_failed", "atom:requests_rejected", "atom:prefill_tokens_computed",
     "atom:prefetch_ready", "atom:requests_in_flight", "atom:arrived_requests", "atom:arrived_prompt_tokens",
-    "atom:pd_waiting_for_kv",
+    "atom:pd_waiting_for_kv", "atom:request_decode_seconds", "atom:decoded_max_tokens",
+    "atom:arrived_max_tokens",
 }
 REMOTE = {"atom:pd_remote_prefills", "atom:pd_remote_prefill_tokens", "atom:pd_kv_bytes_imported",
           "atom:prefetch_started", "atom:prefetch_hits", "atom:prefetch_cancelled", "atom:prefetch_failed",
@@ -86,7 +87,7 @@ def check(server: OpenAIServer | PrefillServer, expected: set[str]) -> dict[str,
 
 
 def test_every_row_reads_a_field_of_a_stats_dataclass() -> None:
-    assert TABLE == {**metrics.VLLM, **metrics.ATOM} and len(TABLE) == 52
+    assert TABLE == {**metrics.VLLM, **metrics.ATOM} and len(TABLE) == 55
     for name, row in TABLE.items():
         assert row.kind in ("gauge", "counter") and row.sources, name
         for source in row.sources:

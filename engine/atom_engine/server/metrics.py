@@ -153,6 +153,11 @@ ATOM = {
                                      " included): 0 is idle.", InFlightStats.requests_in_flight),
     "atom:arrived_requests": counter("Requests queued (at arrival, before a lane).", B.arrived_requests),
     "atom:arrived_prompt_tokens": counter("Prompt tokens of queued requests.", B.arrived_prompt_tokens),
+    "atom:arrived_max_tokens": counter("max_tokens of queued requests (at arrival).", B.arrived_max_tokens),
+    "atom:request_decode_seconds": counter("Seconds from first token to end, summed over the requests that ended"
+                                           " (vLLM's request_decode_time_seconds sum).", B.decode_seconds),
+    "atom:decoded_max_tokens": counter("max_tokens of the requests in atom:request_decode_seconds.",
+                                       B.decoded_max_tokens),
     "atom:pd_waiting_for_kv": gauge("Lanes held while their prompt's KV is computed remotely.", B.waiting_for_kv),
     "atom:prefill_tokens_waiting": gauge("Prompt tokens queued for the prefill worker.", Q.prefill_tokens_waiting),
     "atom:prefill_busy_seconds": counter("Time the prefill worker spent computing.", Q.prefill_busy_seconds),

@@ -101,6 +101,17 @@ def test_observations_sum_gauges_and_rate_counters_from_two_scrapes() -> None:
     assert d.sequences == 3 + 1 + 2 + 1 and d.waiting_for_kv == 1  # the cordoned pod's 4 are not demand
     assert d.arrived_tokens_per_second == pytest.approx(200 + 100)  # the restarted pod gives no rate
     assert d.arrived_requests_per_second == pytest.approx(1 + 0.5)
+    # The window's counts: arrivals summed over the pods with two scrapes (no max_tokens reported: None).
+    assert d.counts is not None and (d.counts.seconds, d.counts.requests, d.counts.prompt_tokens) == (10, 15, 3000)
+    assert d.counts.max_tokens is None and d.running == 3 + 2 + 1
+
+    x = _pod("d-x", 0, 5, {observe.ARRIVED_REQUESTS: 0, observe.ARRIVED_MAX_TOKENS: 0, observe.DECODE_SECONDS: 1,
+                           observe.DECODED_MAX_TOKENS: 100},
+             {observe.ARRIVED_REQUESTS: 2, observe.ARRIVED_MAX_TOKENS: 300, observe.DECODE_SECONDS: 6,
+              observe.DECODED_MAX_TOKENS: 200})  # fmt: skip
+    c = observe.decode_observation(observe.RoleReading(1, [x])).counts
+    assert (c.end, c.seconds, c.requests, c.max_tokens) == (5, 5, 2, 300)
+    assert (c.decode_seconds, c.decoded_max_tokens) == (5, 100)
 
     w1 = _pod("p-a", 0, 10, {observe.BUSY: 1, observe.COMPUTED: 0},
               {observe.BUSY: 6, observe.COMPUTED: 2500, observe.TOKENS_WAITING: 300})  # fmt: skip

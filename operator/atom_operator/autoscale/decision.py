@@ -3,12 +3,16 @@
 ``decide(observations, state, policy, now)`` returns the desired pair, the conditions and the state to pass next
 time. In order:
 
-1. **Need per role.** Decode: the lanes in use or asked for (running + waiting, less the lanes that only wait for
-   a remote KV: that wait is prefill's shortfall, not decode's) over lanes x occupancy target. Prefill: prompt
-   tokens per second *arriving at decode pods* plus the workers' backlog, over the tokens per busy second a worker
-   computes (measured from its own counters) x its utilization target. Arrivals, not prefill's served rate, so a
-   load step that needs both roles moves both in the same decision (a served rate would only rise after decode
-   had grown and let more through).
+1. **Need per role, from arrivals.** Arrival rates are read over a window cut at change points
+   (:mod:`~atom_operator.autoscale.arrivals`): a Poisson clump is not load, a step is. Decode: the lanes the
+   arrivals will hold (max_tokens arriving per second x the lane seconds per max_token of the requests that
+   ended), or the lanes decoding now if more, over lanes x occupancy target. Lanes that only wait for a remote KV
+   and requests queued behind them are prefill's shortfall, not decode's; an engine that does not report
+   max_tokens falls back to running + waiting less those lanes. Prefill: prompt tokens per second *arriving at
+   decode pods* plus the workers' backlog, over the tokens per busy second a worker computes (measured from its
+   own counters) x its utilization target. Arrivals, not served rates, so a load step that needs both roles moves
+   both in the same decision (a served rate would only rise after the other role had grown and let more
+   through).
 2. **Targets are absolute counts**, compared with the role's current replicas, pods not yet Ready included: a slow
    NPU start is not seen as missing capacity, so there is no +1, +1, +1 cascade.
 3. **Missing data holds** (fail-static): a role whose Ready pods did not mostly answer keeps its count, except that
@@ -27,6 +31,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from atom_operator.api.band import prefill_range
+from atom_operator.autoscale import arrivals
+from atom_operator.autoscale.arrivals import Counts, Rates, Window
 from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
 
 # An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
@@ -54,6 +60,8 @@ class DecodeObservation(RoleObservation):
     waiting_for_kv: float = 0.0  # of which lanes only wait for a remote prefill's KV
     arrived_tokens_per_second: float | None = None  # prompt tokens arriving (at enqueue), all decode pods
     arrived_requests_per_second: float | None = None
+    running: float | None = None  # lanes held (of sequences), waiting_for_kv included
+    counts: Counts | None = None  # this interval's arrivals and ended requests, for the window (None: no pair)
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class State:
     last_scale: dict[str, float] = field(default_factory=dict)  # role -> when its desired count last changed
     desired: dict[str, int] = field(default_factory=dict)  # role -> the last decision's count
     tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
+    arrivals: Window = field(default_factory=Window)
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,15 @@ def _answered(obs: RoleObservation) -> str:
     return ""
 
 
-def _decode_need(obs: DecodeObservation, policy: Policy) -> _Need:
+def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None) -> _Need:
+    per_token = rates.seconds_per_max_token if rates else None
+    if policy.coupled and rates and rates.max_tokens is not None and per_token and obs.running is not None:
+        arriving = rates.max_tokens * per_token
+        decoding = max(0.0, obs.running - obs.waiting_for_kv)
+        load = max(arriving, decoding)
+        demand = f"{load:.1f} lanes ({arriving:.1f} arriving, {decoding:.0f} decoding"
+        demand += f", {obs.waiting_for_kv:.0f} wait for prefill)" if obs.waiting_for_kv else ")"
+        return _Need(load, policy.lanes * policy.occupancy, obs.answered < obs.ready, demand)
     held = obs.waiting_for_kv if policy.coupled else 0.0
     load = max(0.0, obs.sequences - held)
     capacity = policy.lanes * policy.occupancy
@@ -161,10 +178,13 @@ def utilization_for_slo(ttft: float, service_seconds: float) -> float:
     return min(hi, max(lo, 2 * wait / (service_seconds + 2 * wait)))
 
 
-def _prefill_need(obs: Observations, speed: float | None, policy: Policy) -> _Need | None:
+def _prefill_need(obs: Observations, speed: float | None, policy: Policy, rates: Rates | None) -> _Need | None:
     p, d = obs.prefill, obs.decode
     assert p is not None
-    arrivals, requests = d.arrived_tokens_per_second, d.arrived_requests_per_second
+    if rates is not None:
+        arrivals, requests = rates.prompt_tokens, rates.requests
+    else:
+        arrivals, requests = d.arrived_tokens_per_second, d.arrived_requests_per_second
     if policy.ttft_seconds is not None and speed and arrivals and requests:
         service = arrivals / requests / speed
         utilization = utilization_for_slo(policy.ttft_seconds, service)
@@ -254,7 +274,11 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         role: why for role, o in (("decode", obs.decode), ("prefill", obs.prefill)) if o and (why := _answered(o))
     }
 
-    # 1-3: each role's need; decode from its occupancy, prefill from the arrivals decode saw.
+    # 1-3: each role's need, from the arrivals decode saw.
+    rates = None
+    if obs.decode.counts is not None and policy.coupled:
+        window, rates = arrivals.add(state.arrivals, obs.decode.counts, policy.interval_seconds)
+        state = replace(state, arrivals=window)
     external = policy.mode == "External" and obs.external_decode is not None
     d_cur = obs.decode.replicas
     if external:
@@ -262,7 +286,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         d_rec = min(b.decode_max, max(b.decode_min, obs.external_decode or 0))
         d_demand = f"{d_rec} replicas from spec.decode.replicas (External)"
     else:
-        d_need = None if "decode" in missing and obs.decode.answered == 0 else _decode_need(obs.decode, policy)
+        d_need = None if "decode" in missing and obs.decode.answered == 0 else _decode_need(obs.decode, policy, rates)
         d_rec = _recommend(d_need, d_cur, b.decode_min, b.decode_max, policy.tolerance)
         d_demand = d_need.demand if d_need else "no data"
 
@@ -273,7 +297,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         p_cur = obs.prefill.replicas
         speed = _speed(obs.prefill, state, policy)
         if policy.prefill_scaled:
-            p_need = _prefill_need(obs, speed, policy)
+            p_need = _prefill_need(obs, speed, policy, rates)
             p_rec = _recommend(p_need, p_cur, b.prefill_min, b.prefill_max, policy.tolerance)
         else:
             p_cur = p_rec = b.prefill_min

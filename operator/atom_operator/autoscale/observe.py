@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from atom_operator.autoscale.arrivals import Counts
 from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation
 from atom_operator.autoscale.scrape import Sample
 
@@ -18,6 +19,9 @@ WAITING = "vllm:num_requests_waiting"
 WAITING_FOR_KV = "atom:pd_waiting_for_kv"
 ARRIVED_REQUESTS = "atom:arrived_requests_total"
 ARRIVED_TOKENS = "atom:arrived_prompt_tokens_total"
+ARRIVED_MAX_TOKENS = "atom:arrived_max_tokens_total"
+DECODE_SECONDS = "atom:request_decode_seconds_total"
+DECODED_MAX_TOKENS = "atom:decoded_max_tokens_total"
 BUSY = "atom:prefill_busy_seconds_total"
 COMPUTED = "atom:prefill_tokens_computed_total"
 TOKENS_WAITING = "atom:prefill_tokens_waiting"
@@ -78,12 +82,39 @@ def _sum_rates(pods: list[PodReading], name: str) -> float | None:
     return sum(rates) if rates else None
 
 
+def _sum_deltas(pods: list[PodReading], name: str) -> float | None:
+    deltas = [d for p in pods if (d := _delta(p, name)) is not None]
+    return sum(deltas) if deltas else None
+
+
+def interval_counts(pods: list[PodReading]) -> Counts | None:
+    """This interval's arrivals and ended requests over the pods that gave both scrapes (None: none did)."""
+    paired = [p for p in pods if _delta(p, ARRIVED_REQUESTS) is not None]
+    if not paired:
+        return None
+    seconds = sum(p.sample.time - p.previous.time for p in paired) / len(paired)  # type: ignore[union-attr]
+    if seconds <= 0:
+        return None
+    return Counts(
+        end=max(p.sample.time for p in paired),  # type: ignore[union-attr]
+        seconds=seconds,
+        requests=_sum_deltas(paired, ARRIVED_REQUESTS) or 0.0,
+        prompt_tokens=_sum_deltas(paired, ARRIVED_TOKENS) or 0.0,
+        # An engine without these counters (older than the operator) leaves the decision on lane occupancy.
+        max_tokens=_sum_deltas(paired, ARRIVED_MAX_TOKENS),
+        decode_seconds=_sum_deltas(paired, DECODE_SECONDS) or 0.0,
+        decoded_max_tokens=_sum_deltas(paired, DECODED_MAX_TOKENS) or 0.0,
+    )
+
+
 def decode_observation(role: RoleReading) -> DecodeObservation:
     answered = [p for p in _serving(role) if p.sample is not None]
     return DecodeObservation(
         **_counts(role),
         rolling_out=role.rolling_out,
         sequences=sum(p.sample.get(RUNNING) + p.sample.get(WAITING) for p in answered),
+        running=sum(p.sample.get(RUNNING) for p in answered),
+        counts=interval_counts(answered),
         waiting_for_kv=sum(p.sample.get(WAITING_FOR_KV) for p in answered),
         arrived_tokens_per_second=_sum_rates(answered, ARRIVED_TOKENS),
         arrived_requests_per_second=_sum_rates(answered, ARRIVED_REQUESTS),

@@ -1,0 +1,120 @@
+"""Arrival rates for the decision, read over a window and cut at a change point. No I/O.
+
+One decision interval holds few arrivals when prompts are long or streams last minutes: read over that interval
+alone, two prompts that happen to arrive together look like twice the load, a role grows on a Poisson clump and
+shrinks one scale-down window later. Read over a long window, a real load step shows only as a slow ramp. So each
+decision adds its interval's counts (summed over the decode pods that answered) to a window of ``WINDOW_SECONDS``,
+and the newest one to three intervals are tested against the rate of the ones before (since the last change
+point, up to ``SHAPE_SECONDS``): a count so high that its
+Poisson tail at that rate is below ``ALPHA`` is a change point, and the window restarts with the newest
+intervals. A step up in load then reads at once (in the interval it happens, or the next), a steady load reads
+over the whole window, and a step down within one window. Knative's autoscaler gets the same effect from a panic
+window beside a stable one and a fixed threshold; a test on the count scales the threshold with the rate.
+
+Decode's lane time per max_token asked (its ``decode seconds / max_tokens`` of the requests that ended) is read
+over the whole kept history, not restarted at change points: it describes the requests' shape, which a rate step
+does not change, and completions come late for long streams. Its last known value is kept when no request ended
+in the window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WINDOW_SECONDS = 30.0  # the steady-load window (at least two decision intervals are kept)
+SHAPE_SECONDS = 120.0  # the window the lane time per max_token is read over
+# A count this improbable at the older intervals' rate is a change point: about one false restart in a few hundred
+# decisions of steady load, while a step to a few times the rate shows in its first or second interval.
+ALPHA = 3e-3
+EXACT_BELOW = 50.0  # expected counts above this use the normal approximation of the Poisson tail
+NEWEST = 3  # change points are looked for among the newest this many intervals
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One interval's counts over the decode pods that answered (rates times the seconds they were read over)."""
+
+    end: float
+    seconds: float
+    requests: float
+    prompt_tokens: float
+    max_tokens: float | None = None  # None: the pods do not report max_tokens at arrival
+    decode_seconds: float = 0.0  # lane seconds of the requests that ended
+    decoded_max_tokens: float = 0.0  # their max_tokens
+
+
+@dataclass(frozen=True)
+class Window:
+    history: tuple[Counts, ...] = ()  # newest last, SHAPE_SECONDS of it
+    since: float = -math.inf  # the last change point: rates read the intervals that end after it
+    seconds_per_max_token: float | None = None  # the last known lane time per max_token
+
+
+@dataclass(frozen=True)
+class Rates:
+    requests: float
+    prompt_tokens: float
+    max_tokens: float | None
+    seconds_per_max_token: float | None
+    seconds: float  # what they were read over
+    restarted: bool  # this interval made a change point
+
+
+def _total(intervals: tuple[Counts, ...]) -> tuple[float, float]:
+    return sum(c.requests for c in intervals), sum(c.seconds for c in intervals)
+
+
+def tail(count: float, expected: float) -> float:
+    """P(a Poisson count with this mean is at least as far from it as ``count``, on its side)."""
+    n = round(count)
+    if expected <= 0:
+        return 0.0 if n > 0 else 1.0
+    if expected > EXACT_BELOW:
+        z = (abs(n - expected) - 0.5) / math.sqrt(expected)
+        return 0.5 * math.erfc(max(z, 0.0) / math.sqrt(2))
+    log_pmf = [-expected + k * math.log(expected) - math.lgamma(k + 1) for k in range(n + 1)]
+    below = sum(math.exp(x) for x in log_pmf)  # P(N <= n)
+    return below if n < expected else 1.0 - below + math.exp(log_pmf[n])
+
+
+def rose(older: tuple[Counts, ...], newer: tuple[Counts, ...]) -> bool:
+    """Whether ``newer``'s arrivals are improbably many at ``older``'s rate (a Poisson tail below ALPHA).
+
+    Only a rise restarts the window: a fall may wait for the window (scale-down waits for its own anyway), and
+    a window restarted on a lull would read the next clump over a few seconds."""
+    count, seconds = _total(newer)
+    before, span = _total(older)
+    if span < seconds or span <= 0:
+        return False
+    expected = (before + 1) / span * seconds  # one arrival more: after an idle spell, one arrival is no step
+    return count > expected and tail(count, expected) < ALPHA
+
+
+def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]:
+    """The window with this interval's counts, and the rates the decision reads now."""
+    history = tuple(c for c in window.history if counts.end - c.end < SHAPE_SECONDS) + (counts,)
+    since = window.since
+    regime = tuple(c for c in history if c.end > since)  # the reference a rise is tested against: all of it
+    restarted = False
+    for k in range(1, min(NEWEST, len(regime) - 1) + 1):
+        if rose(regime[:-k], regime[-k:]):
+            since = regime[-k - 1].end
+            regime = regime[-k:]
+            restarted = True
+            break
+    current = tuple(c for c in regime if counts.end - c.end < max(WINDOW_SECONDS, 2 * interval))
+    requests, seconds = _total(current)
+    shape = [c for c in history if c.decoded_max_tokens > 0]
+    decoded = sum(c.decoded_max_tokens for c in shape)
+    per_token = sum(c.decode_seconds for c in shape) / decoded if decoded else window.seconds_per_max_token
+    known = all(c.max_tokens is not None for c in current)
+    rates = Rates(
+        requests / seconds,
+        sum(c.prompt_tokens for c in current) / seconds,
+        sum(c.max_tokens or 0.0 for c in current) / seconds if known else None,
+        per_token,
+        seconds,
+        restarted,
+    )
+    return Window(history, since, per_token), rates

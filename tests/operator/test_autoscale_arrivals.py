@@ -1,0 +1,138 @@
+"""Arrival rates over a window cut at change points, and the decision on them: Poisson clumps do not move a role,
+a step does within two intervals, decode's need comes from what arrives (not from requests queued behind lanes
+that wait for prefill), and a step that needs both roles moves both in one decision. Arrivals are drawn from a
+seeded Poisson process, so each case is one fixed sample path."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+from atom_operator.autoscale import arrivals
+from atom_operator.autoscale.arrivals import Counts, Window
+from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation, State, decide
+
+from tests.operator.test_autoscale_decision import SPEED, make_policy, pair
+
+INTERVAL = 5.0
+DECODE_STEP = 0.05  # seconds of lane per generated token (the real-node bench's pacing)
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n, t = n + 1, t + rng.expovariate(1.0)
+    return n
+
+
+def counts(t: float, requests: int, isl: int, osl: int, ended: int | None = None) -> Counts:
+    """One interval ending at ``t``: ``requests`` arrivals of isl/osl, and as many ended (steady state)."""
+    done = requests if ended is None else ended
+    return Counts(t, INTERVAL, requests, requests * isl, requests * osl, done * osl * DECODE_STEP, done * osl)
+
+
+def observe(c: Counts, *, decode: int = 1, prefill: int = 1, running: float = 0.0, waiting: float = 0.0,
+            waiting_for_kv: float = 0.0) -> Observations:  # fmt: skip
+    return Observations(
+        DecodeObservation(decode, decode, decode, sequences=running + waiting, waiting_for_kv=waiting_for_kv,
+                          running=running, counts=c),  # fmt: skip
+        PrefillObservation(prefill, prefill, prefill, busy_seconds_per_second=0.0, busy_seconds=5.0,
+                           tokens_per_busy_second=SPEED),  # fmt: skip
+    )
+
+
+def test_a_clump_is_not_a_change_and_a_step_is() -> None:
+    steady = tuple(Counts(t, INTERVAL, 1, 1000) for t in range(5, 35, 5))  # 0.2 req/s for 30 s
+    assert not arrivals.rose(steady, (Counts(35, INTERVAL, 2, 2000),))  # two at once: a clump
+    assert not arrivals.rose(steady, (Counts(35, INTERVAL, 4, 4000),))  # 2 % at this rate: not enough
+    assert arrivals.rose(steady, (Counts(35, INTERVAL, 7, 7000),))  # 1.4 req/s against 0.2
+    assert arrivals.tail(6, 1.0) == pytest.approx(1 - sum(math.exp(-1) / math.factorial(k) for k in range(6)))
+    assert arrivals.tail(0, 3.0) == pytest.approx(math.exp(-3))
+    assert arrivals.tail(400, 300) == pytest.approx(4.6e-9, rel=0.5)  # the normal side, far out
+    busy = tuple(Counts(t, INTERVAL, 8, 8000) for t in range(5, 35, 5))
+    assert not arrivals.rose(busy, (Counts(35, INTERVAL, 0, 0), Counts(40, INTERVAL, 1, 1000)))  # a fall waits
+
+
+def test_steady_poisson_arrivals_do_not_flap_prefill_and_one_interval_rates_do() -> None:
+    """200 tok/s of 1000-token prompts needs one worker (350 tok/s at 70 %); read over single intervals, a 5 s
+    window with two prompts reads 400 tok/s, which is how the real-node run's prefill went 1 -> 2 -> 1."""
+    policy = make_policy(npuBudget=None, ratio=None)
+    rng = random.Random(7)
+    windowed = single = 0
+    state = State()
+    for i in range(1, 361):  # 30 minutes of decisions
+        c = counts(i * INTERVAL, poisson(rng, 0.2 * INTERVAL), 1000, 20)
+        d = decide(observe(c), state, policy, now=i * INTERVAL)
+        state = d.state
+        windowed += d.prefill.recommended > 1
+        one = replace(observe(c).decode, counts=None, arrived_tokens_per_second=c.prompt_tokens / INTERVAL,
+                      arrived_requests_per_second=c.requests / INTERVAL)  # fmt: skip
+        single += decide(Observations(one, observe(c).prefill), State(), policy, now=0.0).prefill.recommended > 1
+    assert single >= 30, single  # the clumps are there to be seen
+    assert windowed <= single / 5, (windowed, single)
+
+
+def test_a_step_reads_within_two_intervals() -> None:
+    rng = random.Random(11)
+    for seed in range(20):
+        rng.seed(seed)
+        window = Window()
+        for i in range(1, 13):  # a minute at 0.2 req/s
+            window, _ = arrivals.add(window, counts(i * INTERVAL, poisson(rng, 1.0), 200, 100), INTERVAL)
+        reads = []
+        for i in range(13, 15):  # then 1.5 req/s
+            window, rates = arrivals.add(window, counts(i * INTERVAL, poisson(rng, 7.5), 200, 100), INTERVAL)
+            reads.append(rates.requests)
+        assert max(reads) >= 1.0, (seed, reads)
+
+
+def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_prefill() -> None:
+    """Prefill-heavy: 1 req/s of 1000/20 needs 3 workers and one decode pod (1 s of lane a request); with one
+    worker Ready the decode pod holds 4 lanes, 3 of them waiting for KV, and 25 requests queue behind them."""
+    policy = make_policy(npuBudget=None, ratio=None)
+    window = Window()
+    for i in range(1, 7):
+        window, _ = arrivals.add(window, counts(i * INTERVAL, 5, 1000, 20, ended=2), INTERVAL)
+    c = counts(35.0, 5, 1000, 20, ended=2)
+    d = decide(observe(c, running=4, waiting=25, waiting_for_kv=3), State(arrivals=window), policy, now=35.0)
+    assert pair(d) == (3, 1), d.reason
+    assert "1.0 lanes" in d.decode.demand, d.decode.demand
+    # The same pod with its lanes decoding (none waits for KV) is a decode limit: 4 lanes decoding need 2 pods.
+    d = decide(observe(c, running=4, waiting=25), State(arrivals=window), policy, now=35.0)
+    assert d.decode.desired == 2, d.reason
+
+
+def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
+    """From 0.2 req/s of 1000/20 (1+1) to 1 req/s, half 200/200 and half 1000/20: prefill 600 tok/s -> 2, decode
+    0.5 x 10 s + 0.5 x 1 s = 5.5 lanes -> 2. The new requests have not decoded a token yet: their max_tokens tell.
+    Over 20 sample paths, on most: the first decision that moves anything moves both roles, at least to the optimum
+    (a first interval of 10 arrivals reads as 2 req/s: 3+3), and it comes within two intervals of the step. Where
+    the step hides in Poisson noise for a few intervals, the window's slower rise can move decode (whose need
+    follows the arrivals' max_tokens) a decision before prefill."""
+    policy = make_policy(npuBudget=None, ratio=None)
+    together = late = exact = 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        state, now = State(), 0.0
+        for _ in range(12):
+            now += INTERVAL
+            state = decide(observe(counts(now, poisson(rng, 1.0), 1000, 20)), state, policy, now).state
+        after = 0
+        while after < 6:
+            after += 1
+            now += INTERVAL
+            n = poisson(rng, 5.0)
+            short, long = n // 2, n - n // 2
+            c = Counts(now, INTERVAL, n, short * 1000 + long * 200, short * 20 + long * 200, 0.0, 0.0)
+            d = decide(observe(c), state, policy, now)
+            state = d.state
+            if d.scaled:
+                break
+        together += set(d.scaled) == {"prefill", "decode"} and min(pair(d)) >= 2
+        late += after > 2
+        exact += pair(d) == (2, 2)
+    # Paths where the step shows in the first interval show it because that interval was busy: the rate read
+    # over it alone overshoots (3+3 on a quarter of paths), as Knative's panic window does.
+    assert together >= 16 and late <= 5 and exact >= 5, (together, late, exact)

@@ -128,6 +128,30 @@ def test_both_roles_beyond_the_budget_share_it_by_their_need() -> None:
     assert not decide(obs, State(), make_policy(npuBudget=None), now=0.0).conditions[1].status == "True"
 
 
+def test_pods_the_cluster_cannot_place_are_given_up_and_the_room_shared_by_need() -> None:
+    """3+3 wanted on a cluster that placed 4 pods (2 prefill Pending as unschedulable): the pair keeps within the 4
+    placed, shared as the budget is (2:2, decode giving one up for prefill), and stays there while the memory lasts,
+    also after the stuck pods are gone; then it asks again (a probe)."""
+    p = make_policy(npuBudget=None, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    want = load(1.5, 600, 5.0, decode=3, prefill=3)  # 900 tok/s -> 3 prefill; 8.1 sequences -> 3 decode
+    stuck = replace(want, prefill=replace(want.prefill, ready=1, answered=1, unschedulable=2))
+    d = decide(stuck, State(), p, now=100.0)
+    assert (d.prefill.recommended, d.decode.recommended) == (3, 3)
+    assert pair(d) == (2, 2), d.reason
+    assert condition(d, "ScalingLimited") == ("True", "InsufficientNPUs")
+    message = next(c for c in d.conditions if c.type == "ScalingLimited").message
+    assert "pods stayed Pending as unschedulable (2 now); the pairs stay within the 4 NPUs" in message, message
+    assert d.state.capacity == (4, 100.0 + 300.0)
+
+    placed = load(1.5, 600, 5.0, decode=2, prefill=2)  # the stuck pods removed, one decode pod given to prefill
+    later = decide(placed, d.state, p, now=200.0)
+    assert pair(later) == (2, 2) and condition(later, "ScalingLimited") == ("True", "InsufficientNPUs")
+    probe = decide(placed, later.state, p, now=401.0)
+    assert pair(probe) == (3, 3) and probe.state.capacity is None, probe.reason
+    # Without stuck pods, no room is assumed: the same load on 3+3 asks for 3+3.
+    assert pair(decide(want, State(), p, now=100.0)) == (3, 3)
+
+
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
     # From one of each, a load needing 3 prefill and 3 decode: one decision, not decode now and prefill later.
     obs = load(1.5, 600, 5.0)
@@ -276,12 +300,14 @@ DECODE = st.builds(
     waiting_for_kv=st.floats(0, 20),
     arrived_tokens_per_second=st.one_of(st.none(), st.floats(0, 20000)),
     arrived_requests_per_second=st.one_of(st.none(), st.floats(0.01, 50)),
+    unschedulable=st.integers(0, 2),  # the cluster's room: a second budget, which bounds, band and budget outrank
 )
 PREFILL = st.builds(
     PrefillObservation,
     replicas=st.integers(0, 8),
     ready=st.integers(0, 8),
     answered=st.integers(0, 8),
+    unschedulable=st.integers(0, 2),
     busy_seconds_per_second=st.one_of(st.none(), st.floats(0, 16)),
     busy_seconds=st.floats(0, 60),
     tokens_per_busy_second=st.one_of(st.none(), st.floats(1, 5000)),

@@ -23,6 +23,11 @@ time. In order:
 5. **Band and budget, jointly**: among the pairs inside the bounds, the ratio band and the NPU budget, the one that
    covers the larger share of both roles' targets (water-filling: max of min(got/target)), then the cheapest.
    Scale-up biased: with a pair that meets both targets, nothing is lowered.
+6. **What the cluster holds**: once pods stay Pending as unschedulable, the NPUs of the ones placed (a pod that
+   requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
+   shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
+   pods that cannot run (``ScalingLimited/InsufficientNPUs``). When the memory lapses the decision asks again, as
+   a probe.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ ANSWERED_SHARE_MIN = 0.5
 MIN_BUSY_SECONDS = 0.5
 # Weight of a new speed measurement against the previous estimate.
 SPEED_SMOOTHING = 0.5
+# How long what the cluster could place bounds the pairs after pods stayed unschedulable.
+CAPACITY_MEMORY_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class RoleObservation:
     answered: int  # Ready pods whose metrics were read this interval
     rolling_out: bool = False  # a rollout's ReplicaSets scale proportionally: no victim can be chosen, no shrink
     draining: int = 0
+    unschedulable: int = 0  # of replicas, pods the scheduler has not placed for a while
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class State:
     desired: dict[str, int] = field(default_factory=dict)  # role -> the last decision's count
     tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
     arrivals: Window = field(default_factory=Window)
+    capacity: tuple[int, float] | None = None  # (units the cluster placed, until when they bound the pairs)
 
 
 @dataclass(frozen=True)
@@ -233,8 +242,27 @@ def _stabilize(
     return stable, history
 
 
-def _joint(targets: tuple[int, int], policy: Policy, decode_ceiling: bool) -> tuple[tuple[int, int], str]:
-    """The allowed pair closest to the targets: the band and the budget, shared out by water-filling."""
+def units(policy: Policy, prefill: int, decode: int) -> int:
+    """What the cluster's room is counted in: NPUs, a pod that requests none (the cpu backend) counting as one."""
+    return prefill * (policy.npus_prefill or 1) + decode * (policy.npus_decode or 1)
+
+
+def _capacity(obs: Observations, state: State, policy: Policy, now: float) -> State:
+    """The room the cluster showed: the units of the pods it placed, while some of this deployment's stay Pending."""
+    held = state.capacity if state.capacity is not None and now < state.capacity[1] else None
+    p = obs.prefill
+    stuck = obs.decode.unschedulable + (p.unschedulable if p else 0)
+    if stuck:
+        placed = units(policy, p.replicas - p.unschedulable if p else 0, obs.decode.replicas - obs.decode.unschedulable)
+        held = (min(placed, held[0]) if held else placed, now + CAPACITY_MEMORY_SECONDS)
+    return replace(state, capacity=held)
+
+
+def _joint(
+    targets: tuple[int, int], policy: Policy, decode_ceiling: bool, room_left: int | None = None
+) -> tuple[tuple[int, int], str]:
+    """The allowed pair closest to the targets: the band, the budget and the cluster's room (``room_left`` units),
+    shared out by water-filling."""
     p_t, d_t = targets
     b = policy.bounds
     best: tuple[tuple[float, int, int, int], tuple[int, int]] | None = None
@@ -248,6 +276,11 @@ def _joint(targets: tuple[int, int], policy: Policy, decode_ceiling: bool) -> tu
                 continue
             if policy.npus_prefill:
                 hi = min(hi, room // policy.npus_prefill)
+        if room_left is not None:
+            if room_left < units(policy, 0, d):
+                continue
+            if units(policy, 1, 0):
+                hi = min(hi, (room_left - units(policy, 0, d)) // units(policy, 1, 0))
         if lo > hi:
             continue
         p = min(hi, max(lo, p_t))
@@ -256,11 +289,15 @@ def _joint(targets: tuple[int, int], policy: Policy, decode_ceiling: bool) -> tu
         if best is None or key < best[0]:
             best = (key, (p, d))
     if best is None and decode_ceiling:  # no pair at or below the HPA's count: the band and the budget win
-        return _joint(targets, policy, decode_ceiling=False)
+        return _joint(targets, policy, False, room_left)
+    if best is None and room_left is not None:  # not even the smallest allowed pair fits: the spec's bounds win
+        return _joint(targets, policy, decode_ceiling)
     assert best is not None, "admission guarantees a pair inside the bounds, the band and the budget"
     pair = best[1]
     if pair == targets:
         return pair, ""
+    if room_left is not None and units(policy, p_t, d_t) > room_left:
+        return pair, "InsufficientNPUs"
     within_budget = policy.npu_budget is None or policy.cost(p_t, d_t) <= policy.npu_budget
     in_band = policy.band is None or policy.band.contains(p_t, d_t)
     return pair, ("NPUBudget" if not within_budget else "RatioAdjusted" if not in_band else "Adjusted")
@@ -314,12 +351,14 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         hold = "prefill" in missing or obs.prefill.rolling_out
         p_stable, p_hist = _stabilize("prefill", p_rec, p_cur, state, policy, now, hold)
 
-    # 5: band and budget together.
+    # 5-6: band, budget and the cluster's room together.
+    state = _capacity(obs, state, policy, now)
+    room = state.capacity[0] if state.capacity else None
     if policy.prefill_scaled and obs.prefill is not None:
-        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, decode_ceiling=external)
+        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
     else:
         fixed = replace(policy, band=None, bounds=replace(b, prefill_min=p_cur, prefill_max=p_cur))
-        (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, decode_ceiling=external)
+        (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, external, room)
 
     history = dict(state.history)
     if d_hist:
@@ -343,7 +382,8 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     if obs.prefill is not None:
         demand = p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
         prefill = RoleDecision(p_cur, p_rec, p_new, demand, p_need.load if p_need else None)
-    conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy)
+    conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy,
+                             state)  # fmt: skip
     return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state, tuple(scaled))
 
 
@@ -358,7 +398,7 @@ def _limit_at_bounds(role: str, need: _Need | None, lo: int, hi: int) -> str:
     return ""
 
 
-def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy) -> tuple[Condition, ...]:
+def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy, state) -> tuple[Condition, ...]:
     b = policy.bounds
     if missing:
         active = Condition(
@@ -375,6 +415,12 @@ def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy) -> 
         if limit == "NPUBudget":
             why += (f": they need {policy.cost(*wanted)} NPUs, autoscaling.npuBudget is {policy.npu_budget}"
                     f" ({got[0]}:{got[1]} holds {policy.cost(*got)})")  # fmt: skip
+        elif limit == "InsufficientNPUs":
+            npus = [policy.npus_decode] + ([policy.npus_prefill] if prefill else [])
+            unit = "NPUs" if all(npus) else "pods" if not any(npus) else "NPUs (a pod without one counting one)"
+            stuck = obs.decode.unschedulable + (obs.prefill.unschedulable if obs.prefill else 0)
+            why += (f": pods stayed Pending as unschedulable ({stuck} now); the pairs stay within the"
+                    f" {state.capacity[0]} {unit} the cluster placed for {CAPACITY_MEMORY_SECONDS:.0f} s")  # fmt: skip
         elif limit == "RatioAdjusted":
             why += ": outside autoscaling.ratio"
         limits.append(why)

@@ -44,6 +44,9 @@ TICK_SECONDS = 1.0
 UNCORDONED = {"labels": {ACCEPTING: "true"}, "annotations": {DRAINING_SINCE: None, DELETION_COST: None}}
 # HPA's condition names, in status.conditions while spec.autoscaling is on.
 CONDITION_TYPES = ("ScalingActive", "ScalingLimited", "AbleToScale")
+# A pod the scheduler could not place for this long is taken for a full cluster, not for a node on its way (the
+# design's section 4, step 4).
+UNSCHEDULABLE_SECONDS = 60.0
 # Fields of status.autoscaling that change with every decision: a write is due only when something else changed.
 STAMPS = ("lastDecisionTime",)
 
@@ -66,6 +69,7 @@ class PodInfo:
     created: float
     cordoned_since: float | None
     cost_applied: bool
+    unschedulable_since: float | None = None  # the scheduler found no node for it (PodScheduled False) since
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> PodInfo:
@@ -78,6 +82,11 @@ class PodInfo:
                 since = float(notes.get(DRAINING_SINCE, ""))
             except ValueError:
                 since = 0.0  # cordoned by hand or by an older operator: its drain counts as long begun
+        unschedulable = next(
+            (_epoch(c.get("lastTransitionTime")) for c in status.get("conditions") or []
+             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"),
+            None,
+        )  # fmt: skip
         return cls(
             meta["name"],
             labels.get("app.kubernetes.io/component", ""),
@@ -86,6 +95,7 @@ class PodInfo:
             _epoch(meta.get("creationTimestamp")),
             since,
             notes.get(DELETION_COST) == LOWEST_COST,
+            unschedulable,
         )
 
 
@@ -264,7 +274,12 @@ class Autoscaler:
                 [observe.PodReading(p.name, p.name in ready, p.cordoned_since is not None, found.get(p.name),
                                     tracked.samples.get(p.name)) for p in pods.values() if p.role == role],  # fmt: skip
                 rolling_out=self._rolling_out(key, role),
-            )
+                unschedulable=sum(
+                    p.role == role and p.unschedulable_since is not None
+                    and now - p.unschedulable_since >= UNSCHEDULABLE_SECONDS
+                    for p in pods.values()
+                ),
+            )  # fmt: skip
             for role in roles
         }
         if due:

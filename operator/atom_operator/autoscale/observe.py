@@ -45,6 +45,7 @@ class RoleReading:
     replicas: int  # the Deployment's target, pods not yet Ready included
     pods: Sequence[PodReading]
     rolling_out: bool = False
+    unschedulable: int = 0  # pods the scheduler has not placed for a while (no NPU free)
 
 
 def _rate(pod: PodReading, name: str) -> float | None:
@@ -74,6 +75,7 @@ def _counts(role: RoleReading) -> dict[str, int]:
         "ready": len(serving),
         "answered": sum(p.sample is not None for p in serving),
         "draining": sum(p.draining for p in role.pods),
+        "unschedulable": role.unschedulable,
     }
 
 

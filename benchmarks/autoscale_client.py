@@ -1,14 +1,16 @@
-"""The open-loop client of ``make bench-autoscale``: standard library only, so it runs as ``python3 -c`` in a client
+"""The load client of ``make bench-autoscale``: standard library only, so it runs as ``python3 -c`` in a client
 pod of the plain base image, against the AtomDeployment's Service (DNS name, ClusterIP, kube-proxy).
 
     python3 autoscale_client.py URL MODEL SCHEDULE_JSON SEED
 
 SCHEDULE_JSON is a list of phases ``{"name", "seconds", "rate", "isl", "osl", "burst"?, "mix"?}``: Poisson arrivals
 at ``rate`` per second for ``seconds`` (``burst`` requests at once at the phase's start; ``mix``: a list of
-``[weight, isl, osl]`` shapes to draw from instead of one). Every request is a streamed ``/v1/completions`` of
-``isl`` random token ids with ``max_tokens=osl``, ``ignore_eos`` and ``stream_options.include_usage``; one JSON
-line per request on stdout when it ends (how it ended, when, its first-token time), one line per phase start, and
-``{"event": "done"}`` after the last request ended.
+``[weight, isl, osl]`` shapes to draw from instead of one). A phase with ``"concurrency": C`` instead of ``rate`` is
+closed loop: for ``seconds`` it starts a request whenever fewer than C of the client's requests are in flight (those
+of earlier phases count). Requests still running at a phase's end finish normally. Every request is a streamed
+``/v1/completions`` of ``isl`` random token ids with ``max_tokens=osl``, ``ignore_eos`` and
+``stream_options.include_usage``; one JSON line per request on stdout when it ends (how it ended, when, its
+first-token time), one line per phase start, and ``{"event": "done"}`` after the last request ended.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import time
 import urllib.parse
 
 LOCK = threading.Lock()
+
+
+CLOSED_LOOP_GAP = 0.05  # seconds between two starts of a closed-loop phase, at least
 
 
 def emit(obj: dict) -> None:
@@ -112,13 +117,24 @@ def main() -> None:
     rng = random.Random(seed)
     threads: list[threading.Thread] = []
     rid = 0
+    in_flight = 0
+    ended = threading.Condition()  # notified whenever a request ends: a closed-loop phase starts the next one
+
+    def request(n: int, phase: str, isl: int, osl: int) -> None:
+        nonlocal in_flight
+        try:
+            one(url, model, n, phase, isl, osl, seed * 100003 + n)
+        finally:
+            with ended:
+                in_flight -= 1
+                ended.notify()
 
     def start(phase: dict, isl: int, osl: int) -> None:
-        nonlocal rid
+        nonlocal rid, in_flight
         rid += 1
-        t = threading.Thread(
-            target=one, args=(url, model, rid, phase["name"], isl, osl, seed * 100003 + rid), daemon=True
-        )
+        with ended:
+            in_flight += 1
+        t = threading.Thread(target=request, args=(rid, phase["name"], isl, osl), daemon=True)
         t.start()
         threads.append(t)
 
@@ -138,6 +154,22 @@ def main() -> None:
         for _ in range(phase.get("burst", 0)):
             start(phase, *shape(phase))
         end = began + phase["seconds"]
+        if phase.get("concurrency"):
+            # Closed loop. The requests of earlier phases count towards the concurrency: a step down from a
+            # closed-loop phase with more streams lets its streams end instead of adding this phase's to them.
+            # Starts are spaced by CLOSED_LOOP_GAP at least, so requests refused at once (a Service without
+            # endpoints) do not turn the loop into a busy one.
+            last = 0.0
+            with ended:
+                while (now := time.time()) < end:
+                    if now - last < CLOSED_LOOP_GAP:
+                        ended.wait(CLOSED_LOOP_GAP - (now - last))
+                    elif in_flight < phase["concurrency"]:
+                        last = now
+                        start(phase, *shape(phase))
+                    else:
+                        ended.wait(end - now)
+            continue
         at = began
         while True:
             at += rng.expovariate(phase["rate"]) if phase["rate"] > 0 else phase["seconds"] + 1

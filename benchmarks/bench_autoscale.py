@@ -3,10 +3,11 @@ section 8.3), writing benchmarks/results/autoscaling.md.
 
 The chart's operator (helm) scales one AtomDeployment of paced engines (decode 50 ms a step, 4 lanes; prefill 2 ms a
 prompt token: capacities set by design, not by the shared CPU; benchmarks/autoscale_images.py) on the real node
-(kubelet + containerd, 4 fake NPUs from a real device plugin, kube-proxy). A client pod sends open-loop Poisson
-streams to the Service (benchmarks/autoscale_client.py) through phases that need different pod counts; the bench
-watches the AtomDeployment and its pods (every change, timestamped, plus a 1 s timeline), reads every engine pod's
-gauges every second and at the moment a pod is cordoned, and checks what issue 33's "Checked by" asks:
+(kubelet + containerd, 4 fake NPUs from a real device plugin, kube-proxy). A client pod sends streams to the Service
+(benchmarks/autoscale_client.py), open-loop Poisson arrivals or closed loop (a number of streams kept in flight),
+through phases that need different pod counts; the bench watches the AtomDeployment and its pods (every change,
+timestamped, plus a 1 s timeline), reads every engine pod's gauges every second and at the moment a pod is cordoned,
+and checks what issue 33's "Checked by" asks:
 
 - zero failed requests across drained scale-downs whose victim had requests running when cordoned;
 - the negative control: the same scale-down with autoscaling Off (a plain replicas decrease) cuts a stream;
@@ -64,12 +65,25 @@ AUTOSCALING = {
     "drain": {"timeoutSeconds": 180},
 }
 
-# Phases: (name, seconds, rate/s, ISL, OSL, burst at start). E: long streams (OSL 800 = 40 s at the pace) in flight
-# at the cordons; the burst puts some on the pods that will be drained.
+# Phases: name, seconds, ISL, OSL and either rate/s (open-loop Poisson arrivals, burst at start) or concurrency (closed
+# loop: streams kept in flight), as benchmarks/autoscale_client.py reads them.
+#
+# G6, G3: decode scale-downs (3 -> 2, then 2 -> 1) whose victim is busy at the cordon. The operator drains the idlest
+# pod, so its victim is busy only when every pod has a stream: open-loop long streams left some pod empty at every
+# cordon of the first runs. Closed loop, the pods hold a steady number of long streams (OSL 800 = 40 s at the pace), the
+# most that one pod fewer serves (3.2 a pod), and kube-proxy's random spread leaves no pod empty about 3 times in 4 (6
+# streams on 3 pods, 3 on 2). Each phase must hold its scale-down up to the pod's removal: what the phase before left in
+# flight ends first (B's queue took 30-40 s to drain in the first runs; G6's streams run up to 40 s into G3, the client
+# lets them end before starting G3's), then the 30 s window and a decision, then the drain until the victim's streams
+# end (up to 40 s): about 120 s, hence 150.
+LONG_STREAMS = [
+    {"name": "G6 6 long streams (closed loop)", "seconds": 150, "concurrency": 6, "isl": 200, "osl": 800},
+    {"name": "G3 3 long streams (closed loop)", "seconds": 150, "concurrency": 3, "isl": 200, "osl": 800},
+]
 DECODE_PHASES = [
     {"name": "A warm", "seconds": 60, "rate": 0.2, "isl": 200, "osl": 100},
     {"name": "B decode-heavy", "seconds": 150, "rate": 1.5, "isl": 200, "osl": 100},
-    {"name": "E idle, long streams", "seconds": 150, "rate": 0.05, "isl": 200, "osl": 800, "burst": 3},
+    *LONG_STREAMS,
 ]
 PREFILL_PHASES = [
     {"name": "C3 prefill-heavy", "seconds": 150, "rate": 1.0, "isl": 1000, "osl": 20},
@@ -79,13 +93,11 @@ PREFILL_PHASES = [
     # sequences / 3.2 -> 2; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+2 = the node's 4 NPUs).
     {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
 ]
-# --phases drains: scale-downs whose victims are busy. The operator drains the idlest pod, so a victim has requests
-# only when every pod has some: long streams (OSL 800 = 40 s) at a rate that needs one pod fewer than run.
+# --phases drains: scale-downs whose victims are busy (the decode ones: LONG_STREAMS above).
 DRAIN_PHASES = [
     {"name": "A warm", "seconds": 30, "rate": 0.2, "isl": 200, "osl": 100},
     {"name": "B decode-heavy", "seconds": 120, "rate": 1.5, "isl": 200, "osl": 100},
-    {"name": "F2 long streams for 2 decode", "seconds": 120, "rate": 0.14, "isl": 200, "osl": 800},
-    {"name": "F1 long streams for 1 decode", "seconds": 120, "rate": 0.06, "isl": 200, "osl": 800},
+    *LONG_STREAMS,
     {"name": "P3 prefill for 3", "seconds": 90, "rate": 0.8, "isl": 1000, "osl": 20},
     {"name": "P2 prefill for 2", "seconds": 90, "rate": 0.45, "isl": 1000, "osl": 20},
     {"name": "P1 prefill for 1", "seconds": 75, "rate": 0.3, "isl": 1000, "osl": 20},
@@ -101,13 +113,29 @@ PEERS = [
 ]
 
 
+def arrival_rate(phase: dict) -> float:
+    """Requests a second: an open-loop phase's rate; a closed-loop phase's by Little's law, its streams in flight
+    over the time a stream takes at the pace (its prefill, then its decode)."""
+    if not phase.get("concurrency"):
+        return phase["rate"]
+    mix = phase.get("mix") or [[1, phase["isl"], phase["osl"]]]
+    total = sum(w for w, _, _ in mix)
+    stream_s = sum(w / total * (isl * PREFILL_S_PER_TOKEN + osl * DECODE_STEP_S) for w, isl, osl in mix)
+    return phase["concurrency"] / stream_s
+
+
+def load_of(phase: dict) -> str:
+    return f"closed loop {phase['concurrency']}" if phase.get("concurrency") else f"{phase['rate']}"
+
+
 def expected(phase: dict) -> tuple[int, int]:
     """The pacing arithmetic: decode holds a lane for osl x 50 ms (time waiting for a remote KV is prefill's
     shortfall, not decode demand), 4 lanes at 80 %; prefill 2 ms a token at 70 %. (prefill, decode)."""
     mix = phase.get("mix") or [[1, phase["isl"], phase["osl"]]]
     total = sum(w for w, _, _ in mix)
-    seq = sum(phase["rate"] * w / total * osl * DECODE_STEP_S for w, _, osl in mix)
-    busy = sum(phase["rate"] * w / total * isl * PREFILL_S_PER_TOKEN for w, isl, _ in mix)
+    rate = arrival_rate(phase)
+    seq = sum(rate * w / total * osl * DECODE_STEP_S for w, _, osl in mix)
+    busy = sum(rate * w / total * isl * PREFILL_S_PER_TOKEN for w, isl, _ in mix)
     d = min(BOUNDS["decode"][1], max(BOUNDS["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
     p = min(BOUNDS["prefill"][1], max(BOUNDS["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))
     return p, d
@@ -573,6 +601,7 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
     bounds = [
         (p["name"], p["t"], phases[i + 1]["t"] if i + 1 < len(phases) else end_main, p) for i, p in enumerate(phases)
     ]
+    closed = any(p.get("concurrency") for p in phases)
     out: list[str] = []
     w = out.append
     la = info
@@ -591,7 +620,13 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         " kube-proxy), one AtomDeployment `tiny` (builtin:tiny, cpu backend, one NPU a pod) whose engines run the"
         " test-only paced runner (decode 50 ms a step, 4 lanes; prefill 2 ms a prompt token), autoscaling"
         f" `{json.dumps(AUTOSCALING)}`. An in-cluster client pod sends open-loop Poisson streams"
-        " (`/v1/completions`, `ignore_eos`, random token-id prompts) to the Service's DNS name.\n"
+        " (`/v1/completions`, `ignore_eos`, random token-id prompts) to the Service's DNS name"
+        + (
+            ", closed loop where the rate column says so (that many streams kept in flight, the next started when one"
+            " ends).\n"
+            if closed
+            else ".\n"
+        )
     )
 
     # -- requests
@@ -625,7 +660,7 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             changes[role] = max(0, n - 1)  # the step's own change is the reaction, not instability
         phase_rows.append({"name": name, "expected": exp, "desired": des, "changes": changes, "t": t_a, "end": t_b})
         w(
-            f"| {name} | {p['seconds']} | {p['rate']} | {shape_of(p)} | {len(rs)} | {len(failed(rs))} |"
+            f"| {name} | {p['seconds']} | {load_of(p)} | {shape_of(p)} | {len(rs)} | {len(failed(rs))} |"
             f" {q(0.5)} / {q(0.9)} | {exp[0]}+{exp[1]} | {des[0]}+{des[1]} | {rdy[0]}+{rdy[1]} |"
             f" {changes['prefill']} / {changes['decode']} |"
         )

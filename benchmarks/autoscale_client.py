@@ -5,7 +5,8 @@ pod of the plain base image, against the AtomDeployment's Service (DNS name, Clu
 
 SCHEDULE_JSON is a list of phases ``{"name", "seconds", "rate", "isl", "osl", "burst"?, "mix"?}``: Poisson arrivals
 at ``rate`` per second for ``seconds`` (``burst`` requests at once at the phase's start; ``mix``: a list of
-``[weight, isl, osl]`` shapes to draw from instead of one). A phase with ``"concurrency": C`` instead of ``rate`` is
+``[weight, isl, osl]`` shapes to draw from instead of one; ``osl_jitter``: each request's max_tokens drawn
+uniformly within that fraction of ``osl``). A phase with ``"concurrency": C`` instead of ``rate`` is
 closed loop: for ``seconds`` it starts a request whenever fewer than C of the client's requests are in flight (those
 of earlier phases count). Requests still running at a phase's end finish normally. Every request is a streamed
 ``/v1/completions`` of ``isl`` random token ids with ``max_tokens=osl``, ``ignore_eos`` and
@@ -115,6 +116,7 @@ def one(url: str, model: str, rid: int, phase: str, isl: int, osl: int, seed: in
 def main() -> None:
     url, model, schedule, seed = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
     rng = random.Random(seed)
+    jitter = random.Random(seed + 1)
     threads: list[threading.Thread] = []
     rid = 0
     in_flight = 0
@@ -146,6 +148,9 @@ def main() -> None:
                 x -= w
                 if x <= 0:
                     return isl, osl
+        if phase.get("osl_jitter"):  # its own generator: the open-loop phases' draws stay as they were
+            spread = phase["osl"] * phase["osl_jitter"]
+            return phase["isl"], round(jitter.uniform(phase["osl"] - spread, phase["osl"] + spread))
         return phase["isl"], phase["osl"]
 
     for phase in schedule:

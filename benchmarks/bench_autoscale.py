@@ -76,10 +76,15 @@ AUTOSCALING = {
 # flight ends first (B's queue took 30-40 s to drain in the first runs; G6's streams run up to 40 s into G3, the client
 # lets them end before starting G3's), then the 30 s window and a decision, then the drain until the victim's streams
 # end (up to 40 s): about 120 s, hence 150.
+# Each stream's length is drawn within 25 % of 800 (the mean, which the arithmetic uses): streams started together
+# would otherwise end together, and the closed loop would send its arrivals in lockstep batches of 6 every 40 s
+# (the first run with these phases: a burst every 41 s, which the decision rightly read as steps).
 LONG_STREAMS = [
-    {"name": "G6 6 long streams (closed loop)", "seconds": 150, "concurrency": 6, "isl": 200, "osl": 800},
-    {"name": "G3 3 long streams (closed loop)", "seconds": 150, "concurrency": 3, "isl": 200, "osl": 800},
-]
+    {"name": "G6 6 long streams (closed loop)", "seconds": 150, "concurrency": 6, "isl": 200, "osl": 800,
+     "osl_jitter": 0.25},
+    {"name": "G3 3 long streams (closed loop)", "seconds": 150, "concurrency": 3, "isl": 200, "osl": 800,
+     "osl_jitter": 0.25},
+]  # fmt: skip
 DECODE_PHASES = [
     {"name": "A warm", "seconds": 60, "rate": 0.2, "isl": 200, "osl": 100},
     {"name": "B decode-heavy", "seconds": 150, "rate": 1.5, "isl": 200, "osl": 100},

@@ -14,7 +14,7 @@ from atom_operator.autoscale import arrivals
 from atom_operator.autoscale.arrivals import Counts, Window
 from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation, State, decide
 
-from tests.operator.test_autoscale_decision import SPEED, make_policy, pair
+from tests.operator.test_autoscale_decision import LANES, SPEED, make_policy, pair
 
 INTERVAL = 5.0
 DECODE_STEP = 0.05  # seconds of lane per generated token (the real-node bench's pacing)
@@ -135,4 +135,26 @@ def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
         exact += pair(d) == (2, 2)
     # Paths where the step shows in the first interval show it because that interval was busy: the rate read
     # over it alone overshoots (3+3 on a quarter of paths), as Knative's panic window does.
-    assert together >= 16 and late <= 5 and exact >= 5, (together, late, exact)
+    assert together >= 16 and late <= 6 and exact >= 5, (together, late, exact)  # 70 % of 200 paths: in two
+
+
+def test_long_streams_in_a_steady_load_are_sized_by_the_lanes_they_hold() -> None:
+    """6 streams of 800 tokens (40 s) in flight, arriving at 0.15 req/s: 2 decode pods (3.2 lanes each). A 30 s
+    window holds 4-5 of those arrivals, and read at face value their rate asks for 3 pods in many decisions; read
+    over the regime and two deviations below, it mostly stays under the 6 lanes decoding, which decide (what is
+    left: a false change point now and then, after which the window's rate is read for one window)."""
+    policy = make_policy(npuBudget=None, ratio=None)
+    rng = random.Random(5)
+    state = State()
+    over = face_value = 0
+    for i in range(1, 361):
+        c = counts(i * INTERVAL, poisson(rng, 0.15 * INTERVAL), 200, 800)
+        d = decide(observe(c, decode=3, running=6), state, policy, now=i * INTERVAL)
+        state = d.state
+        if i > 24:  # past the first two minutes, while the regime fills
+            over += d.decode.recommended > 2
+            recent = [x for x in state.arrivals.history if c.end - x.end < arrivals.WINDOW_SECONDS]
+            rate = sum(x.max_tokens for x in recent) / sum(x.seconds for x in recent)
+            face_value += rate * DECODE_STEP / (LANES * 0.8) > 2
+    assert face_value >= 60, face_value  # what the cautious reading is there for
+    assert over <= face_value / 5, (over, face_value)

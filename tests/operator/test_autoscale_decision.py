@@ -377,6 +377,7 @@ def test_every_decision_is_inside_the_bounds_the_band_and_the_budget(p, dobs, po
 @given(policies(), DECODE, PREFILL, st.floats(1, 4))
 def test_more_demand_never_asks_for_fewer_pods(p, dobs, pobs, factor) -> None:
     p = replace(p, npu_budget=None, mode="Operator")  # a binding budget moves NPUs between the roles by design
+    dobs, pobs = replace(dobs, unschedulable=0), replace(pobs, unschedulable=0)  # and so does the cluster's room
     obs = _observations(dobs, pobs, 0)
     more = replace(
         obs,

@@ -11,6 +11,12 @@ intervals. A step up in load then reads at once (in the interval it happens, or 
 over the whole window, and a step down within one window. Knative's autoscaler gets the same effect from a panic
 window beside a stable one and a fixed threshold; a test on the count scales the threshold with the rate.
 
+Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
+before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the
+arrivals only a floor, read over the whole regime (up to ``SHAPE_SECONDS``) and one standard deviation of their
+count below the mean: streams of a minute arrive a few per window, and their rate read over 30 s swings by half
+where the lanes they hold do not.
+
 Decode's lane time per max_token asked (its ``decode seconds / max_tokens`` of the requests that ended) is read
 over the whole kept history, not restarted at change points: it describes the requests' shape, which a rate step
 does not change, and completions come late for long streams. Its last known value is kept when no request ended
@@ -26,9 +32,10 @@ WINDOW_SECONDS = 30.0  # the steady-load window (at least two decision intervals
 SHAPE_SECONDS = 120.0  # the window the lane time per max_token is read over
 # A count this improbable at the older intervals' rate is a change point: about one false restart in a few hundred
 # decisions of steady load, while a step to a few times the rate shows in its first or second interval.
-ALPHA = 3e-3
+ALPHA = 1e-3
 EXACT_BELOW = 50.0  # expected counts above this use the normal approximation of the Poisson tail
 NEWEST = 3  # change points are looked for among the newest this many intervals
+CAUTION = 2.0  # standard deviations of its count a steady rate is read below its mean
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class Rates:
     seconds_per_max_token: float | None
     seconds: float  # what they were read over
     restarted: bool  # this interval made a change point
+    stepping: bool  # a change point within the last window: the rates read a step, not a steady load
+    steady_max_tokens: float | None  # over the whole regime, one standard deviation of its count below
 
 
 def _total(intervals: tuple[Counts, ...]) -> tuple[float, float]:
@@ -108,7 +117,9 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
     shape = [c for c in history if c.decoded_max_tokens > 0]
     decoded = sum(c.decoded_max_tokens for c in shape)
     per_token = sum(c.decode_seconds for c in shape) / decoded if decoded else window.seconds_per_max_token
-    known = all(c.max_tokens is not None for c in current)
+    known = all(c.max_tokens is not None for c in regime)
+    count, span = _total(regime)
+    cautious = max(0.0, count - CAUTION * math.sqrt(count)) / count if count else 0.0
     rates = Rates(
         requests / seconds,
         sum(c.prompt_tokens for c in current) / seconds,
@@ -116,5 +127,7 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         per_token,
         seconds,
         restarted,
+        counts.end - since < WINDOW_SECONDS,
+        sum(c.max_tokens or 0.0 for c in regime) / span * cautious if known else None,
     )
     return Window(history, since, per_token), rates

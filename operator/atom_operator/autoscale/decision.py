@@ -6,7 +6,8 @@ time. In order:
 1. **Need per role, from arrivals.** Arrival rates are read over a window cut at change points
    (:mod:`~atom_operator.autoscale.arrivals`): a Poisson clump is not load, a step is. Decode: the lanes the
    arrivals will hold (max_tokens arriving per second x the lane seconds per max_token of the requests that
-   ended), or the lanes decoding now if more, over lanes x occupancy target. Lanes that only wait for a remote KV
+   ended; after a step the window's rate, in a steady load a cautious rate over the regime), or the lanes
+   decoding now if more, over lanes x occupancy target. Lanes that only wait for a remote KV
    and requests queued behind them are prefill's shortfall, not decode's; an engine that does not report
    max_tokens falls back to running + waiting less those lanes. Prefill: prompt tokens per second *arriving at
    decode pods* plus the workers' backlog, over the tokens per busy second a worker computes (measured from its
@@ -152,7 +153,10 @@ def _answered(obs: RoleObservation) -> str:
 def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None) -> _Need:
     per_token = rates.seconds_per_max_token if rates else None
     if policy.coupled and rates and rates.max_tokens is not None and per_token and obs.running is not None:
-        arriving = rates.max_tokens * per_token
+        # A step: the window's rate, to grow before the lanes fill. A steady load: the lanes decoding, the
+        # arrivals (read cautiously over the regime) only a floor.
+        rate = rates.max_tokens if rates.stepping else rates.steady_max_tokens or 0.0
+        arriving = rate * per_token
         decoding = max(0.0, obs.running - obs.waiting_for_kv)
         load = max(arriving, decoding)
         demand = f"{load:.1f} lanes ({arriving:.1f} arriving, {decoding:.0f} decoding"

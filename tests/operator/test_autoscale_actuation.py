@@ -410,3 +410,10 @@ async def test_a_pod_pending_as_unschedulable_for_a_minute_limits_the_scale(monk
     assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 2, owners[KEY]["status"]["autoscaling"]
     limited = next(c for c in scaler.tracked[KEY].conditions if c.type == "ScalingLimited")
     assert (limited.status, limited.reason) == ("True", "InsufficientNPUs") and "2 pods" in limited.message
+    # A pod being deleted is seen until it is gone (it holds what it requested), and a relist starts afresh.
+    gone = {"metadata": {"name": "a", "deletionTimestamp": "2026-12-05T08:00:00Z",
+                         "labels": {"app.kubernetes.io/component": "decode"}}}  # fmt: skip
+    scaler.event("Pod", "MODIFIED", gone, KEY)
+    assert "a" not in scaler.pods[KEY] and scaler.terminating[KEY] == {"a": "decode"}
+    scaler.event("Pod", "DELETED", gone, KEY)
+    assert scaler.terminating[KEY] == {}

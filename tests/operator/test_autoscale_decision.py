@@ -150,6 +150,9 @@ def test_pods_the_cluster_cannot_place_are_given_up_and_the_room_shared_by_need(
     assert pair(probe) == (3, 3) and probe.state.capacity is None, probe.reason
     # Without stuck pods, no room is assumed: the same load on 3+3 asks for 3+3.
     assert pair(decide(want, State(), p, now=100.0)) == (3, 3)
+    # A pod still terminating holds its NPU, which the stuck one may be waiting for: the room counts it.
+    leaving = replace(stuck, decode=replace(stuck.decode, replicas=2, terminating=1))
+    assert decide(leaving, State(), p, now=100.0).state.capacity == (4, 400.0)
 
 
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:

@@ -61,6 +61,7 @@ class RoleObservation:
     rolling_out: bool = False  # a rollout's ReplicaSets scale proportionally: no victim can be chosen, no shrink
     draining: int = 0
     unschedulable: int = 0  # of replicas, pods the scheduler has not placed for a while
+    terminating: int = 0  # pods being deleted (not in replicas), which hold their NPUs until they are gone
 
 
 @dataclass(frozen=True)
@@ -257,8 +258,15 @@ def _capacity(obs: Observations, state: State, policy: Policy, now: float) -> St
     p = obs.prefill
     stuck = obs.decode.unschedulable + (p.unschedulable if p else 0)
     if stuck:
-        placed = units(policy, p.replicas - p.unschedulable if p else 0, obs.decode.replicas - obs.decode.unschedulable)
-        held = (min(placed, held[0]) if held else placed, now + CAPACITY_MEMORY_SECONDS)
+        # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
+        # The latest reading replaces an older one: the cluster may have grown or shrunk since.
+        d = obs.decode
+        placed = units(
+            policy,
+            p.replicas - p.unschedulable + p.terminating if p else 0,
+            d.replicas - d.unschedulable + d.terminating,
+        )
+        held = (placed, now + CAPACITY_MEMORY_SECONDS)
     return replace(state, capacity=held)
 
 
@@ -292,10 +300,10 @@ def _joint(
         key = (-coverage, policy.cost(p, d), p + d, abs(d - d_t))
         if best is None or key < best[0]:
             best = (key, (p, d))
-    if best is None and decode_ceiling:  # no pair at or below the HPA's count: the band and the budget win
-        return _joint(targets, policy, False, room_left)
-    if best is None and room_left is not None:  # not even the smallest allowed pair fits: the spec's bounds win
+    if best is None and room_left is not None:  # no allowed pair fits the room: the spec (and the HPA) win
         return _joint(targets, policy, decode_ceiling)
+    if best is None and decode_ceiling:  # no pair at or below the HPA's count: the band and the budget win
+        return _joint(targets, policy, decode_ceiling=False)
     assert best is not None, "admission guarantees a pair inside the bounds, the band and the budget"
     pair = best[1]
     if pair == targets:

@@ -150,6 +150,9 @@ class Autoscaler:
         self.kube, self.owners, self.deployment, self.enqueue = kube, owners, deployment, enqueue
         self.port, self.coupled, self.clock = port, coupled, clock
         self.pods: dict[Key, dict[str, PodInfo]] = {}
+        # Pods being deleted (name -> role) until they are gone: they still hold their NPUs, which a pod Pending
+        # as unschedulable meanwhile waits for; the cluster's room counts them.
+        self.terminating: dict[Key, dict[str, str]] = {}
         self.tracked: dict[Key, _Tracked] = {}
         self._session: aiohttp.ClientSession | None = None
         self._gate: asyncio.Semaphore | None = None
@@ -159,9 +162,14 @@ class Autoscaler:
         if kind != "Pod":
             return
         pods = self.pods.setdefault(key, {})
+        terminating = self.terminating.setdefault(key, {})
         name = body["metadata"]["name"]
-        if type_ == "DELETED" or body["metadata"].get("deletionTimestamp"):
+        if type_ == "DELETED":
             pods.pop(name, None)
+            terminating.pop(name, None)
+        elif body["metadata"].get("deletionTimestamp"):
+            pods.pop(name, None)
+            terminating[name] = ((body["metadata"].get("labels") or {}).get("app.kubernetes.io/component", ""))
         else:
             pods[name] = PodInfo.of(body)
 
@@ -169,6 +177,7 @@ class Autoscaler:
         if listing.kind == "Pod":
             for pods in self.pods.values():
                 pods.clear()
+            self.terminating.clear()
             for body, key in listing.items:
                 self.event("Pod", None, body, key)
 
@@ -279,6 +288,7 @@ class Autoscaler:
                     and now - p.unschedulable_since >= UNSCHEDULABLE_SECONDS
                     for p in pods.values()
                 ),
+                terminating=sum(r == role for r in self.terminating.get(key, {}).values()),
             )  # fmt: skip
             for role in roles
         }

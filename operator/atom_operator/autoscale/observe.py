@@ -46,6 +46,7 @@ class RoleReading:
     pods: Sequence[PodReading]
     rolling_out: bool = False
     unschedulable: int = 0  # pods the scheduler has not placed for a while (no NPU free)
+    terminating: int = 0  # pods being deleted, beyond replicas, still holding what they requested
 
 
 def _rate(pod: PodReading, name: str) -> float | None:
@@ -76,6 +77,7 @@ def _counts(role: RoleReading) -> dict[str, int]:
         "answered": sum(p.sample is not None for p in serving),
         "draining": sum(p.draining for p in role.pods),
         "unschedulable": role.unschedulable,
+        "terminating": role.terminating,
     }
 
 

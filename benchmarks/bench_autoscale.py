@@ -76,14 +76,15 @@ AUTOSCALING = {
 # flight ends first (B's queue took 30-40 s to drain in the first runs; G6's streams run up to 40 s into G3, the client
 # lets them end before starting G3's), then the 30 s window and a decision, then the drain until the victim's streams
 # end (up to 40 s): about 120 s, hence 150.
-# Each stream's length is drawn within 25 % of 800 (the mean, which the arithmetic uses): streams started together
+# Each stream's length is drawn within 30 % of 700 (the mean, which the arithmetic uses): streams started together
 # would otherwise end together, and the closed loop would send its arrivals in lockstep batches of 6 every 40 s
-# (the first run with these phases: a burst every 41 s, which the decision rightly read as steps).
+# (the first run with these phases: a burst every 41 s, which the decision rightly read as steps). The longest,
+# 910 tokens after a 100-token prompt, fits MAX_SEQ_LEN (checked at the start of a run).
 LONG_STREAMS = [
-    {"name": "G6 6 long streams (closed loop)", "seconds": 150, "concurrency": 6, "isl": 200, "osl": 800,
-     "osl_jitter": 0.25},
-    {"name": "G3 3 long streams (closed loop)", "seconds": 150, "concurrency": 3, "isl": 200, "osl": 800,
-     "osl_jitter": 0.25},
+    {"name": "G6 6 long streams (closed loop)", "seconds": 150, "concurrency": 6, "isl": 100, "osl": 700,
+     "osl_jitter": 0.3},
+    {"name": "G3 3 long streams (closed loop)", "seconds": 150, "concurrency": 3, "isl": 100, "osl": 700,
+     "osl_jitter": 0.3},
 ]  # fmt: skip
 DECODE_PHASES = [
     {"name": "A warm", "seconds": 60, "rate": 0.2, "isl": 200, "osl": 100},
@@ -107,6 +108,15 @@ DRAIN_PHASES = [
     {"name": "P2 prefill for 2", "seconds": 90, "rate": 0.45, "isl": 1000, "osl": 20},
     {"name": "P1 prefill for 1", "seconds": 75, "rate": 0.3, "isl": 1000, "osl": 20},
 ]
+MAX_SEQ_LEN = 1024  # the deployment's context: every phase's longest request must fit (else 400s, not load)
+
+
+def longest(phase: dict) -> int:
+    """The most tokens one of the phase's requests asks for: its prompt and its longest max_tokens."""
+    mix = phase.get("mix") or [[1, phase["isl"], phase["osl"]]]
+    return max(isl + math.floor(osl * (1 + phase.get("osl_jitter", 0)) + 0.5) for _, isl, osl in mix)
+
+
 CONTROL_STREAMS = 8  # the negative control: long streams on two decode pods, then a plain replicas decrease
 
 PEERS = [
@@ -442,7 +452,7 @@ def deployment() -> dict:
 
     obj = chart.atomdeployment(NAME)
     spec = obj["spec"]
-    spec["model"]["maxSeqLen"] = 1024  # ISL 200 + OSL 800, ISL 1000 + OSL 20
+    spec["model"]["maxSeqLen"] = MAX_SEQ_LEN
     spec["decode"].update({"lanes": LANES, "kvBlocks": LANES + 2, "prefixCache": False, "speculativeTokens": 0})
     spec["autoscaling"] = AUTOSCALING
     return obj
@@ -894,6 +904,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--analyse", metavar="DIR", help="only write the report again from a run's raw logs")
     args = ap.parse_args()
+    too_long = [p["name"] for p in DECODE_PHASES + PREFILL_PHASES + DRAIN_PHASES if longest(p) > MAX_SEQ_LEN]
+    if too_long and not args.analyse:
+        ap.error(f"phases whose longest request exceeds maxSeqLen {MAX_SEQ_LEN}: {too_long}")
     res = load_raw(Path(args.analyse)) if args.analyse else run(args)
     text = analyse(res)
     Path(args.raw, "report.md").write_text(text)

@@ -120,7 +120,7 @@ bench-autoscale-scrape: venv ## the autoscaler's own cost: 100 deployments x 4 l
 	$(PY) benchmarks/bench_autoscale_scrape.py
 
 .PHONY: bench-autoscale
-bench-autoscale: prereqs venv tools ## the autoscaler end to end on the real-kubelet node: helm operator, paced engines, Poisson phases, drains and the negative control (~25 min, root, docker); writes benchmarks/results/autoscaling.md
+bench-autoscale: prereqs venv tools ## the autoscaler end to end on the real-kubelet node: helm operator, paced engines, Poisson and closed-loop phases, drains and the negative control (~25 min, root, docker); writes benchmarks/results/autoscaling.md
 	$(PY) benchmarks/bench_autoscale.py $(BENCH_ARGS)
 
 .PHONY: bench-operator

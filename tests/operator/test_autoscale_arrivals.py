@@ -75,6 +75,9 @@ def test_steady_poisson_arrivals_do_not_flap_prefill_and_one_interval_rates_do()
 
 
 def test_a_step_reads_within_two_intervals() -> None:
+    """0.2 -> 1.5 req/s: a change point within two intervals on every path, and a rate read then that is at least
+    twice the old one (one deviation of the count below its mean: the first intervals after a step are chosen
+    for being busy)."""
     rng = random.Random(11)
     for seed in range(20):
         rng.seed(seed)
@@ -84,8 +87,8 @@ def test_a_step_reads_within_two_intervals() -> None:
         reads = []
         for i in range(13, 15):  # then 1.5 req/s
             window, rates = arrivals.add(window, counts(i * INTERVAL, poisson(rng, 7.5), 200, 100), INTERVAL)
-            reads.append(rates.requests)
-        assert max(reads) >= 1.0, (seed, reads)
+            reads.append((rates.stepping, rates.requests))
+        assert reads[-1][0] and max(r for _, r in reads) >= 0.4, (seed, reads)
 
 
 def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_prefill() -> None:
@@ -107,12 +110,12 @@ def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_pre
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
     """From 0.2 req/s of 1000/20 (1+1) to 1 req/s, half 200/200 and half 1000/20: prefill 600 tok/s -> 2, decode
     0.5 x 10 s + 0.5 x 1 s = 5.5 lanes -> 2. The new requests have not decoded a token yet: their max_tokens tell.
-    Over 20 sample paths, on most: the first decision that moves anything moves both roles, at least to the optimum
-    (a first interval of 10 arrivals reads as 2 req/s: 3+3), and it comes within two intervals of the step. Where
-    the step hides in Poisson noise for a few intervals, the window's slower rise can move decode (whose need
-    follows the arrivals' max_tokens) a decision before prefill."""
+    Over 20 sample paths, on most: the first decision that moves anything moves both roles, to at least the
+    optimum, and lands on it; within two intervals of the step. Where the step hides in Poisson noise for a few
+    intervals, or one interval's mix is mostly long decodes, decode (whose need follows the arrivals' max_tokens)
+    can move a decision before prefill."""
     policy = make_policy(npuBudget=None, ratio=None)
-    together = late = exact = 0
+    together = late = exact = over = 0
     for seed in range(20):
         rng = random.Random(seed)
         state, now = State(), 0.0
@@ -133,9 +136,11 @@ def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
         together += set(d.scaled) == {"prefill", "decode"} and min(pair(d)) >= 2
         late += after > 2
         exact += pair(d) == (2, 2)
+        over += pair(d) == (3, 3)
     # Paths where the step shows in the first interval show it because that interval was busy: the rate read
     # over it alone overshoots (3+3 on a quarter of paths), as Knative's panic window does.
-    assert together >= 16 and late <= 6 and exact >= 5, (together, late, exact)  # 70 % of 200 paths: in two
+    # 200 paths: 71 % move both roles first, 68 % within two intervals, 56 % land on 2+2 at once (3+3 on 6 %).
+    assert together >= 14 and late <= 8 and exact >= 10 and over <= 2, (together, late, exact, over)
 
 
 def test_long_streams_in_a_steady_load_are_sized_by_the_lanes_they_hold() -> None:

@@ -9,7 +9,9 @@ point, up to ``SHAPE_SECONDS``): a count so high that its
 Poisson tail at that rate is below ``ALPHA`` is a change point, and the window restarts with the newest
 intervals. A step up in load then reads at once (in the interval it happens, or the next), a steady load reads
 over the whole window, and a step down within one window. Knative's autoscaler gets the same effect from a panic
-window beside a stable one and a fixed threshold; a test on the count scales the threshold with the rate.
+window beside a stable one and a fixed threshold; a test on the count scales the threshold with the rate. The
+intervals that make a change point were chosen for being busy, so the rate read in the window after one is taken
+``STEP_CAUTION`` standard deviations of its count below the mean.
 
 Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
 before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the
@@ -36,6 +38,7 @@ ALPHA = 1e-3
 EXACT_BELOW = 50.0  # expected counts above this use the normal approximation of the Poisson tail
 NEWEST = 3  # change points are looked for among the newest this many intervals
 CAUTION = 2.0  # standard deviations of its count a steady rate is read below its mean
+STEP_CAUTION = 1.0  # and a rate read just after a change point
 
 
 @dataclass(frozen=True)
@@ -120,14 +123,18 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
     known = all(c.max_tokens is not None for c in regime)
     count, span = _total(regime)
     cautious = max(0.0, count - CAUTION * math.sqrt(count)) / count if count else 0.0
+    stepping = counts.end - since < WINDOW_SECONDS
+    # After a change point the window holds the few intervals whose count made it: chosen for being high, they
+    # read high. One deviation of their count off keeps the first move from overshooting the step.
+    step = max(0.0, requests - STEP_CAUTION * math.sqrt(requests)) / requests if stepping and requests else 1.0
     rates = Rates(
-        requests / seconds,
-        sum(c.prompt_tokens for c in current) / seconds,
-        sum(c.max_tokens or 0.0 for c in current) / seconds if known else None,
+        requests / seconds * step,
+        sum(c.prompt_tokens for c in current) / seconds * step,
+        sum(c.max_tokens or 0.0 for c in current) / seconds * step if known else None,
         per_token,
         seconds,
         restarted,
-        counts.end - since < WINDOW_SECONDS,
+        stepping,
         sum(c.max_tokens or 0.0 for c in regime) / span * cautious if known else None,
     )
     return Window(history, since, per_token), rates

@@ -95,8 +95,9 @@ PREFILL_PHASES = [
     {"name": "C3 prefill-heavy", "seconds": 150, "rate": 1.0, "isl": 1000, "osl": 20},
     {"name": "C2 prefill, less", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20},
     {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20},
-    # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s = 5.5
-    # sequences / 3.2 -> 2; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+2 = the node's 4 NPUs).
+    # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s of decode
+    # and 1.2 s of prompts computing = 6.7 lanes / 3.2 -> 3; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+3:
+    # more than the node's 4 NPUs, so InsufficientNPUs shares them).
     {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
 ]
 # --phases drains: scale-downs whose victims are busy (the decode ones: LONG_STREAMS above).
@@ -144,12 +145,13 @@ def load_of(phase: dict) -> str:
 
 
 def expected(phase: dict) -> tuple[int, int]:
-    """The pacing arithmetic: decode holds a lane for osl x 50 ms (time waiting for a remote KV is prefill's
-    shortfall, not decode demand), 4 lanes at 80 %; prefill 2 ms a token at 70 %. (prefill, decode)."""
+    """The pacing arithmetic: decode holds a lane for isl x 2 ms while a worker computes the prompt, then for
+    osl x 50 ms (a longer wait for a remote KV is prefill's shortfall, not decode demand), 4 lanes at 80 %; prefill
+    2 ms a token at 70 %. (prefill, decode)."""
     mix = phase.get("mix") or [[1, phase["isl"], phase["osl"]]]
     total = sum(w for w, _, _ in mix)
     rate = arrival_rate(phase)
-    seq = sum(rate * w / total * osl * DECODE_STEP_S for w, _, osl in mix)
+    seq = sum(rate * w / total * (osl * DECODE_STEP_S + isl * PREFILL_S_PER_TOKEN) for w, isl, osl in mix)
     busy = sum(rate * w / total * isl * PREFILL_S_PER_TOKEN for w, isl, _ in mix)
     d = min(BOUNDS["decode"][1], max(BOUNDS["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
     p = min(BOUNDS["prefill"][1], max(BOUNDS["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))

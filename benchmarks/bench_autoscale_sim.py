@@ -3,7 +3,8 @@ pods whose capacity and cold start are set by design, after a load step that nee
 
 Not the cluster benchmark (the design's section 8.3 runs real pods); this is section 8.1's simulator: the same
 ``decide()`` the operator runs, fed the figures an engine exports (lanes held and waiting, lanes waiting for a
-remote KV, arrivals at enqueue, prefill busy seconds and tokens), once coupled and once with coupling off (each
+remote KV, arrivals at enqueue with their prompt tokens and max_tokens, the decode seconds and max_tokens of the
+requests that ended, prefill busy seconds and tokens), once coupled and once with coupling off (each
 role from its own pods' figures, as two per-role autoscalers do). Seeds are shared between the two, so each pair
 sees the same arrivals. Writes benchmarks/results/autoscaling-simulation.md.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atom_operator.api import AtomDeploymentSpec
+from atom_operator.autoscale.arrivals import Counts
 from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation, State, decide
 from atom_operator.autoscale.policy import policy
 
@@ -54,6 +56,7 @@ class Pod:
     tokens: float = 0.0
     arrived_tokens: float = 0.0
     arrived_requests: float = 0.0
+    arrived_max_tokens: float = 0.0
 
     def ready(self, now: float) -> bool:
         return now >= self.ready_at
@@ -81,6 +84,7 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
     kv_queue: deque[tuple[Request, Pod, int]] = deque()  # lanes waiting for a prefill worker
     computing: dict[int, tuple[Request, float]] = {}  # worker index -> (request, done at)
     state, done, arrived = State(), [], []
+    ended = [0.0, 0.0]  # decode seconds and max_tokens of the requests that ended (the engine's counters)
     reached = None
     decode_excess = 0.0
     next_arrival, now, next_decision = rng.expovariate(WARM[0]), 0.0, INTERVAL
@@ -94,6 +98,7 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
             arrived.append(request)
             target.arrived_tokens += isl
             target.arrived_requests += 1
+            target.arrived_max_tokens += osl
             next_arrival += rng.expovariate(rate)
         for d in decode:
             for i, lane in enumerate(d.lanes):
@@ -120,18 +125,24 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
                     if r.left <= 0:
                         done.append(r)
                         d.lanes[i] = None
+                        ended[0] += now - r.first_token
+                        ended[1] += r.osl
         if now >= next_decision:
             ready_d = [d for d in decode if d.ready(now)]
             ready_p = [w for w in prefill if w.ready(now)]
             waiting_kv = sum(1 for _r, d, _i in kv_queue if d.ready(now)) + len(computing)
             cur = (sum(d.arrived_tokens for d in decode), sum(d.arrived_requests for d in decode),
-                   sum(w.busy_seconds for w in prefill), sum(w.tokens for w in prefill))  # fmt: skip
+                   sum(w.busy_seconds for w in prefill), sum(w.tokens for w in prefill),
+                   sum(d.arrived_max_tokens for d in decode), ended[0], ended[1])  # fmt: skip
             prev = snapshot or cur
             busy = cur[2] - prev[2]
             obs = Observations(
                 DecodeObservation(len(decode), len(ready_d), len(ready_d), sequences=sum(d.held() for d in ready_d),
                                   waiting_for_kv=waiting_kv, arrived_tokens_per_second=(cur[0] - prev[0]) / INTERVAL,
-                                  arrived_requests_per_second=(cur[1] - prev[1]) / INTERVAL),
+                                  arrived_requests_per_second=(cur[1] - prev[1]) / INTERVAL,
+                                  running=sum(x is not None for d in ready_d for x in d.lanes),
+                                  counts=Counts(now, INTERVAL, cur[1] - prev[1], cur[0] - prev[0], cur[4] - prev[4],
+                                                cur[5] - prev[5], cur[6] - prev[6]) if snapshot else None),
                 PrefillObservation(len(prefill), len(ready_p), len(ready_p), busy_seconds_per_second=busy / INTERVAL,
                                    busy_seconds=busy,
                                    tokens_per_busy_second=(cur[3] - prev[3]) / busy if busy else None,

@@ -92,8 +92,9 @@ def test_a_step_reads_within_two_intervals() -> None:
 
 
 def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_prefill() -> None:
-    """Prefill-heavy: 1 req/s of 1000/20 needs 3 workers and one decode pod (1 s of lane a request); with one
-    worker Ready the decode pod holds 4 lanes, 3 of them waiting for KV, and 25 requests queue behind them."""
+    """Prefill-heavy: 1 req/s of 1000/20 needs 3 workers and one decode pod (a lane a request for 2 s while a
+    worker computes its prompt and 1 s of decode: 3 lanes); with one worker Ready the decode pod holds 4 lanes, 3 of
+    them waiting for KV, and 25 requests queue behind them: their wait is prefill's shortfall."""
     policy = make_policy(npuBudget=None, ratio=None)
     window = Window()
     for i in range(1, 7):
@@ -101,7 +102,7 @@ def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_pre
     c = counts(35.0, 5, 1000, 20, ended=2)
     d = decide(observe(c, running=4, waiting=25, waiting_for_kv=3), State(arrivals=window), policy, now=35.0)
     assert pair(d) == (3, 1), d.reason
-    assert "1.0 lanes" in d.decode.demand, d.decode.demand
+    assert d.decode.load is not None and d.decode.load < 3.2, d.decode.demand  # one pod's 80 %
     # The same pod with its lanes decoding (none waits for KV) is a decode limit: 4 lanes decoding need 2 pods.
     d = decide(observe(c, running=4, waiting=25), State(arrivals=window), policy, now=35.0)
     assert d.decode.desired == 2, d.reason
@@ -109,13 +110,14 @@ def test_decode_is_not_raised_for_requests_queued_behind_lanes_that_wait_for_pre
 
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
     """From 0.2 req/s of 1000/20 (1+1) to 1 req/s, half 200/200 and half 1000/20: prefill 600 tok/s -> 2, decode
-    0.5 x 10 s + 0.5 x 1 s = 5.5 lanes -> 2. The new requests have not decoded a token yet: their max_tokens tell.
-    Over 20 sample paths, on most: the first decision that moves anything moves both roles, to at least the
-    optimum, and lands on it; within two intervals of the step. Where the step hides in Poisson noise for a few
+    0.5 x 10 s + 0.5 x 1 s of decode and 1.2 s of prompts computing = 6.7 lanes -> 3. The new requests have not
+    decoded a token yet: their max_tokens tell.
+    Over 20 sample paths, on most: the first decision that moves anything moves both roles, to at least 2 each,
+    within two intervals of the step, and seldom past the optimum. Where the step hides in Poisson noise for a few
     intervals, or one interval's mix is mostly long decodes, decode (whose need follows the arrivals' max_tokens)
     can move a decision before prefill."""
     policy = make_policy(npuBudget=None, ratio=None)
-    together = late = exact = over = 0
+    together = late = over = 0
     for seed in range(20):
         rng = random.Random(seed)
         state, now = State(), 0.0
@@ -135,12 +137,10 @@ def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
                 break
         together += set(d.scaled) == {"prefill", "decode"} and min(pair(d)) >= 2
         late += after > 2
-        exact += pair(d) == (2, 2)
         over += pair(d) == (3, 3)
-    # Paths where the step shows in the first interval show it because that interval was busy: the rate read
-    # over it alone overshoots (3+3 on a quarter of paths), as Knative's panic window does.
-    # 200 paths: 71 % move both roles first, 68 % within two intervals, 56 % land on 2+2 at once (3+3 on 6 %).
-    assert together >= 14 and late <= 8 and exact >= 10 and over <= 2, (together, late, exact, over)
+    # 200 paths: 72 % move both roles first (to 2+2 on 85, 2+3 on 47, 3+3 on 11: the step's first read is cautious,
+    # and the third decode pod follows as lanes fill), 70 % within two intervals.
+    assert together >= 14 and late <= 8 and over <= 2, (together, late, over)
 
 
 def test_long_streams_in_a_steady_load_are_sized_by_the_lanes_they_hold() -> None:

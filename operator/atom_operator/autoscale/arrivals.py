@@ -15,9 +15,10 @@ intervals that make a change point were chosen for being busy, so the rate read 
 
 Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
 before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the
-arrivals only a floor, read over the whole regime (up to ``SHAPE_SECONDS``) and one standard deviation of their
-count below the mean: streams of a minute arrive a few per window, and their rate read over 30 s swings by half
-where the lanes they hold do not.
+arrivals, read over the whole regime (up to ``SHAPE_SECONDS``), a floor: at their mean while requests queue for a
+lane (the lanes decoding cannot show more than there are), else ``CAUTION`` standard deviations of their count
+below it: streams of a minute arrive a few per window, and their rate swings by half where the lanes they hold do
+not.
 
 Decode's lane time per max_token asked (its ``decode seconds / max_tokens`` of the requests that ended) is read
 over the whole kept history, not restarted at change points: it describes the requests' shape, which a rate step
@@ -70,7 +71,9 @@ class Rates:
     seconds: float  # what they were read over
     restarted: bool  # this interval made a change point
     stepping: bool  # a change point within the last window: the rates read a step, not a steady load
-    steady_max_tokens: float | None  # over the whole regime, one standard deviation of its count below
+    steady_max_tokens: float | None  # over the whole regime (its mean)
+    steady_prompt_tokens: float = 0.0  # the same for prompt tokens
+    steady_caution: float = 1.0  # the share of those means CAUTION standard deviations of the count below them
 
 
 def _total(intervals: tuple[Counts, ...]) -> tuple[float, float]:
@@ -135,6 +138,8 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         seconds,
         restarted,
         stepping,
-        sum(c.max_tokens or 0.0 for c in regime) / span * cautious if known else None,
+        sum(c.max_tokens or 0.0 for c in regime) / span if known else None,
+        sum(c.prompt_tokens for c in regime) / span,
+        cautious,
     )
     return Window(history, since, per_token), rates

@@ -151,14 +151,21 @@ def _answered(obs: RoleObservation) -> str:
     return ""
 
 
-def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None) -> _Need:
+def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, speed: float | None) -> _Need:
     per_token = rates.seconds_per_max_token if rates else None
     if policy.coupled and rates and rates.max_tokens is not None and per_token and obs.running is not None:
-        # A step: the window's rate, to grow before the lanes fill. A steady load: the lanes decoding, the
-        # arrivals (read cautiously over the regime) only a floor.
-        rate = rates.max_tokens if rates.stepping else rates.steady_max_tokens or 0.0
-        arriving = rate * per_token
-        decoding = max(0.0, obs.running - obs.waiting_for_kv)
+        # A step: the window's rate, to grow before the lanes fill. A steady load: the lanes decoding, and the
+        # arrivals over the regime a floor, at their mean while requests queue for a lane (the lanes decoding
+        # cannot show more than there are), else read cautiously (a few long streams to a window are noise).
+        queued = obs.sequences > obs.running
+        caution = 1.0 if queued else rates.steady_caution
+        rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution
+        prompts = rates.prompt_tokens if rates.stepping else rates.steady_prompt_tokens * caution
+        # A lane is held while a worker computes its prompt: that much of the remote wait is decode's own need
+        # (the rest, queueing for a worker, is prefill's shortfall).
+        computing = prompts / speed if speed else 0.0
+        arriving = rate * per_token + computing
+        decoding = max(0.0, obs.running - obs.waiting_for_kv) + min(obs.waiting_for_kv, computing)
         load = max(arriving, decoding)
         demand = f"{load:.1f} lanes ({arriving:.1f} arriving, {decoding:.0f} decoding"
         demand += f", {obs.waiting_for_kv:.0f} wait for prefill)" if obs.waiting_for_kv else ")"
@@ -328,6 +335,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     if obs.decode.counts is not None and policy.coupled:
         window, rates = arrivals.add(state.arrivals, obs.decode.counts, policy.interval_seconds)
         state = replace(state, arrivals=window)
+    speed = _speed(obs.prefill, state, policy) if obs.prefill is not None else None
     external = policy.mode == "External" and obs.external_decode is not None
     d_cur = obs.decode.replicas
     if external:
@@ -335,16 +343,15 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         d_rec = min(b.decode_max, max(b.decode_min, obs.external_decode or 0))
         d_demand = f"{d_rec} replicas from spec.decode.replicas (External)"
     else:
-        d_need = None if "decode" in missing and obs.decode.answered == 0 else _decode_need(obs.decode, policy, rates)
+        unread = "decode" in missing and obs.decode.answered == 0
+        d_need = None if unread else _decode_need(obs.decode, policy, rates, speed)
         d_rec = _recommend(d_need, d_cur, b.decode_min, b.decode_max, policy.tolerance)
         d_demand = d_need.demand if d_need else "no data"
 
-    speed = None
     p_rec = p_cur = b.prefill_min
     p_need = None
     if obs.prefill is not None:
         p_cur = obs.prefill.replicas
-        speed = _speed(obs.prefill, state, policy)
         if policy.prefill_scaled:
             p_need = _prefill_need(obs, speed, policy, rates)
             p_rec = _recommend(p_need, p_cur, b.prefill_min, b.prefill_max, policy.tolerance)

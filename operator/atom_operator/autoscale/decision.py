@@ -5,11 +5,11 @@ time. In order:
 
 1. **Need per role, from arrivals.** Arrival rates are read over a window cut at change points
    (:mod:`~atom_operator.autoscale.arrivals`): a Poisson clump is not load, a step is. Decode: the lanes the
-   arrivals will hold (max_tokens arriving per second x the lane seconds per max_token of the requests that
-   ended; after a step the window's rate, in a steady load a cautious rate over the regime), or the lanes
-   decoding now if more, over lanes x occupancy target. Lanes that only wait for a remote KV
-   and requests queued behind them are prefill's shortfall, not decode's; an engine that does not report
-   max_tokens falls back to running + waiting less those lanes. Prefill: prompt tokens per second *arriving at
+   arrivals will hold, max_tokens arriving per second x the lane seconds per max_token of the requests that ended,
+   plus the lanes held while workers compute their prompts (after a step the window's rates; in a steady load the
+   regime's, a floor under the lanes decoding now), over lanes x occupancy target. A longer wait for a remote KV,
+   and requests queued behind it, are prefill's shortfall, not decode's; an engine that does not report max_tokens
+   falls back to running + waiting less the lanes waiting for KV. Prefill: prompt tokens per second *arriving at
    decode pods* plus the workers' backlog, over the tokens per busy second a worker computes (measured from its
    own counters) x its utilization target. Arrivals, not served rates, so a load step that needs both roles moves
    both in the same decision (a served rate would only rise after the other role had grown and let more

@@ -68,8 +68,6 @@ class Rates:
     prompt_tokens: float
     max_tokens: float | None
     seconds_per_max_token: float | None
-    seconds: float  # what they were read over
-    restarted: bool  # this interval made a change point
     stepping: bool  # a change point within the last window: the rates read a step, not a steady load
     steady_max_tokens: float | None  # over the whole regime (its mean)
     steady_prompt_tokens: float = 0.0  # the same for prompt tokens
@@ -111,12 +109,10 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
     history = tuple(c for c in window.history if counts.end - c.end < SHAPE_SECONDS) + (counts,)
     since = window.since
     regime = tuple(c for c in history if c.end > since)  # the reference a rise is tested against: all of it
-    restarted = False
     for k in range(1, min(NEWEST, len(regime) - 1) + 1):
         if rose(regime[:-k], regime[-k:]):
             since = regime[-k - 1].end
             regime = regime[-k:]
-            restarted = True
             break
     current = tuple(c for c in regime if counts.end - c.end < max(WINDOW_SECONDS, 2 * interval))
     requests, seconds = _total(current)
@@ -135,8 +131,6 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         sum(c.prompt_tokens for c in current) / seconds * step,
         sum(c.max_tokens or 0.0 for c in current) / seconds * step if known else None,
         per_token,
-        seconds,
-        restarted,
         stepping,
         sum(c.max_tokens or 0.0 for c in regime) / span if known else None,
         sum(c.prompt_tokens for c in regime) / span,

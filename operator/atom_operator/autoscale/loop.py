@@ -169,7 +169,7 @@ class Autoscaler:
             terminating.pop(name, None)
         elif body["metadata"].get("deletionTimestamp"):
             pods.pop(name, None)
-            terminating[name] = ((body["metadata"].get("labels") or {}).get("app.kubernetes.io/component", ""))
+            terminating[name] = PodInfo.of(body).role
         else:
             pods[name] = PodInfo.of(body)
 

@@ -192,7 +192,7 @@ class Batcher:
             self._imported(imp, token, out)
         for c, token in zip(plan.riders, result.riders, strict=True):
             self._chunk_done(c, token, out)
-        if plan.decode is not None and plan.decode.active:
+        if plan.decode is not None and plan.decode.indices:
             self._decoded(plan.decode, result, out, taken)
         if self.connector is not None:
             with self._lock:
@@ -337,9 +337,9 @@ class Batcher:
         ended while the step ran (a stop, a cancel, a failure) takes no token: it is dropped."""
         assert plan.decode is not None
         finished = Status.FINISHED
-        for seq, new in zip(plan.decode.lanes, result.decode, strict=True):
-            if seq is None:
-                continue
+        lanes, decoded = plan.decode.lanes, result.decode
+        for i in plan.decode.indices:
+            seq, new = lanes[i], decoded[i]
             if seq.status is finished:
                 if seq.params.logprobs is not None:  # the dropped token's, if the sampler made one
                     del seq.logprobs[len(seq.output):]

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 from atom_engine.capabilities import Capabilities
 from atom_engine.kv_connector import LoadedKV
 from atom_engine.sequence import Sequence
-from atom_engine.step_plan import Chunk, StepPlan, StepResult
+from atom_engine.step_plan import Chunk, DecodeBatch, StepPlan, StepResult
 
 T = TypeVar("T")
 
@@ -70,6 +70,9 @@ class _Ride:
 
 
 def execute(runner: Runner, plan: StepPlan) -> StepResult:
+    batch = plan.decode
+    if batch is not None and batch.plain and not (plan.admissions or plan.chunks or plan.imports or plan.riders):
+        return _plain_decode(runner, batch)
     result = StepResult(copies=[None] * len(plan.admissions), chunks=[None] * len(plan.chunks),
                         imports=[0] * len(plan.imports), riders=[None] * len(plan.riders))
     failed: dict[str, Exception] = {}  # a request's first failure: its later items are not run
@@ -93,13 +96,11 @@ def execute(runner: Runner, plan: StepPlan) -> StepResult:
     for i, imp in enumerate(plan.imports):
         result.imports[i] = guarded(imp.seq, lambda imp=imp: runner.load_kv(imp.seq, imp.loaded))
 
-    batch = plan.decode
     if batch is None:
         return result
-    lanes = len(batch.lanes)
-    result.decode = [None] * lanes
+    result.decode = [None] * len(batch.lanes)
     result.drafts = list(batch.drafts)
-    active = tuple(i for i, s in enumerate(batch.lanes) if s is not None)
+    active = batch.indices
     work: deque[_Mixed | _Decode | _Ride] = deque()
     if plan.riders:
         work.append(_Mixed(tuple(i for i, r in enumerate(plan.riders) if r.seq.id not in failed)))
@@ -107,7 +108,32 @@ def execute(runner: Runner, plan: StepPlan) -> StepResult:
             if r.seq.id in failed:
                 result.riders[i] = failed[r.seq.id]
     elif active:
-        work.append(_Decode(active, any(batch.drafts)))
+        work.append(_Decode(active, not batch.plain))
+    _run(runner, plan, work, result)
+    return result
+
+
+def _plain_decode(runner: Runner, batch: DecodeBatch) -> StepResult:
+    """A decode step and nothing else, without drafts: the step an overlapped engine runs between two forwards,
+    so it walks the lanes once; a failure goes on as in any plan (each lane alone)."""
+    result = StepResult(decode=[None] * len(batch.lanes), drafts=list(batch.drafts))
+    active = batch.indices
+    if not active:
+        return result
+    try:
+        tokens = runner.decode(list(batch.lanes))
+    except Exception as exc:  # noqa: BLE001 - find the lane at fault, as _run does
+        _run(runner, StepPlan(decode=batch), deque(_isolate(_Decode(active, False), active, exc, result)), result)
+        return result
+    _fill_tokens(result, active, tokens)
+    return result
+
+
+def _run(runner: Runner, plan: StepPlan, work: deque[_Mixed | _Decode | _Ride], result: StepResult) -> None:
+    """Run the decode forwards in ``work``, rewriting a failed one into smaller ones behind the rest."""
+    batch = plan.decode
+    assert batch is not None
+    active = batch.indices
     while work:
         item = work.popleft()
         try:
@@ -129,14 +155,9 @@ def execute(runner: Runner, plan: StepPlan) -> StepResult:
                     alone = list(batch.lanes)
                 else:
                     alone = [s if i in item.lanes else None for i, s in enumerate(batch.lanes)]
-                tokens = runner.decode(alone)
-                decoded = result.decode
-                for i in item.lanes:
-                    token = tokens[i]
-                    decoded[i] = RuntimeError("the runner returned no token") if token is None else [token]
+                _fill_tokens(result, item.lanes, runner.decode(alone))
         except Exception as exc:  # noqa: BLE001 - find the request at fault: rewrite into smaller forwards
             work.extend(_isolate(item, active, exc, result))
-    return result
 
 
 def _chunk_args(c: Chunk) -> tuple[Sequence, int, list[int], bool]:
@@ -147,6 +168,13 @@ def _fill(result: StepResult, lanes: tuple[int, ...], news: list[list[int] | Non
     for i in lanes:
         new = news[i]
         result.decode[i] = RuntimeError("the runner returned no token") if not new else list(new)
+
+
+def _fill_tokens(result: StepResult, lanes: tuple[int, ...], tokens: list[int | None]) -> None:
+    decoded = result.decode
+    for i in lanes:
+        token = tokens[i]
+        decoded[i] = RuntimeError("the runner returned no token") if token is None else [token]
 
 
 def _isolate(item: _Mixed | _Decode | _Ride, active: tuple[int, ...], exc: Exception, result: StepResult

@@ -48,14 +48,20 @@ class Import:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    """The decode step over all lanes (None: an empty lane) with each lane's draft (empty: none)."""
+    """The decode step over all lanes (None: an empty lane) with each lane's draft (empty: none).
+
+    ``indices`` (the lanes that compute) and ``plain`` (no lane has a draft) are worked out when the batch is
+    planned, which an overlapped step does beside the forward before, so that running the batch (between two
+    forwards) does not walk the lanes for them."""
 
     lanes: tuple[Sequence | None, ...]
     drafts: tuple[tuple[int, ...], ...]
+    indices: tuple[int, ...] = field(init=False)
+    plain: bool = field(init=False)
 
-    @property
-    def active(self) -> list[Sequence]:
-        return [s for s in self.lanes if s is not None]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(i for i, s in enumerate(self.lanes) if s is not None))
+        object.__setattr__(self, "plain", not any(self.drafts))
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class StepPlan:
     @property
     def runs_forward(self) -> bool:
         """Whether the step computes anything (False: every lane waits, e.g. for a shipment)."""
-        decodes = self.decode is not None and bool(self.decode.active)
+        decodes = self.decode is not None and bool(self.decode.indices)
         return bool(self.admissions or self.chunks or self.imports or self.riders or decodes)
 
 

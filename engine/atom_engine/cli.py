@@ -75,10 +75,11 @@ def _compile(settings) -> int:  # noqa: ANN001 - EngineSettings, imported lazily
         log.info("event=artifact_verified key=%s path=%s", artifact.key, artifact.path)
         return 0
     from atom_engine import cpu_allowance
+
+    cpu_allowance.apply(settings.cpu_threads)  # before torch loads: OpenMP reads its wait policy then
     from atom_engine.model.loader import load_model
     from atom_engine.runner import ModelRunner
 
-    cpu_allowance.apply(settings.cpu_threads)
     model, _ = load_model(settings.model_source, max_seq_len=settings.max_seq_len, dtype=settings.dtype,
                           seed=settings.seed)
     ModelRunner(model, settings)  # compiles and saves (event=artifact_compiled)
@@ -126,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     import asyncio
 
     from atom_engine import cpu_allowance
+
+    # Before torch loads (OpenMP reads its wait policy then) and the model (its packing runs on these threads).
+    cpu = cpu_allowance.apply(settings.cpu_threads)
     from atom_engine.malloc import active
     from atom_engine.server.app import serve
-
-    cpu = cpu_allowance.apply(settings.cpu_threads)  # before the model loads: its packing runs on these threads
 
     logging.getLogger("atom_engine").info("event=starting role=%s config=%s malloc=%s", args.role, args.config,
                                           active())

@@ -16,19 +16,29 @@ has descheduled. The allowance is the smallest of what bounds the process:
 :func:`apply` sets torch's thread count at a process's start (the CLI's), and logs the count and why; the CLI
 hands the :class:`Allowance` it returns to the server, whose /metrics shows it (``atom:cpu_threads_info``).
 
+Right-sized threads are not enough where the node is busier than its pods' requests: a thread can still be
+descheduled mid-region, and by default OpenMP's waiters spin at the barrier (libgomp spins long when the team has
+no more threads than CPUs), burning the CPU time the late thread needs. So before torch loads, :func:`apply` sets
+``OMP_WAIT_POLICY=PASSIVE`` (waiters sleep) unless the environment chose a policy; the figures are in
+benchmarks/results/threads.md. OpenMP reads the variable once, when its library loads: a process that imported
+torch first keeps the default, and the log says so.
+
 Never the host's core count: that is the affinity mask at most.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 CPU_LIMIT_ENV = "ATOM_CPU_LIMIT"  # millicores (the downward API's limits.cpu, divisor 1m)
 CPU_REQUEST_ENV = "ATOM_CPU_REQUEST"  # millicores (requests.cpu, divisor 1m)
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
 @dataclass(frozen=True)
@@ -38,10 +48,12 @@ class Allowance:
     threads: int
     source: str
     bounds: tuple[tuple[str, float], ...]
+    wait_policy: str = ""  # OpenMP's, as apply() left it ("" before apply)
 
     def describe(self) -> str:
         found = ",".join(f"{name}={value:g}" for name, value in self.bounds)
-        return f"threads={self.threads} source={self.source} bounds={found or 'none'}"
+        policy = f" omp_wait_policy={self.wait_policy}" if self.wait_policy else ""
+        return f"threads={self.threads} source={self.source} bounds={found or 'none'}{policy}"
 
 
 @dataclass(frozen=True)
@@ -153,13 +165,29 @@ def allowance(setting: int | None = None, *, proc: Path = Path("/proc"), env: Ma
     return Allowance(max(1, math.ceil(cpus - 1e-9)), source, tuple(bounds))
 
 
+def wait_policy(env: dict[str, str] | None = None, torch_loaded: bool | None = None) -> str:
+    """OpenMP's wait policy for this process: the environment's when it sets one, else ``PASSIVE``, set in
+    ``env`` (default ``os.environ``) while torch, and with it OpenMP, is not loaded yet; else ``default``."""
+    env = os.environ if env is None else env
+    if torch_loaded is None:
+        torch_loaded = "torch" in sys.modules
+    if env.get(WAIT_POLICY_ENV):
+        return env[WAIT_POLICY_ENV]
+    if torch_loaded:
+        return "default"  # too late: OpenMP read its environment when torch loaded it
+    env[WAIT_POLICY_ENV] = "PASSIVE"
+    return "PASSIVE"
+
+
 def apply(setting: int | None) -> Allowance:
-    """Size torch's intra-op threads from :func:`allowance` and log the choice (one event line)."""
+    """Size torch's intra-op threads from :func:`allowance`, make OpenMP's waiters sleep (:func:`wait_policy`,
+    before torch loads) and log the choice (one event line)."""
     import logging
 
+    policy = wait_policy()
     import torch
 
-    chosen = allowance(setting)
+    chosen = dataclasses.replace(allowance(setting), wait_policy=policy)
     torch.set_num_threads(chosen.threads)
     logging.getLogger("atom_engine").info("event=cpu_threads %s", chosen.describe())
     return chosen

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from atom_engine.cpu_allowance import CPU_LIMIT_ENV, CPU_REQUEST_ENV, allowance, cgroup_cpus
+from atom_engine.cpu_allowance import CPU_LIMIT_ENV, CPU_REQUEST_ENV, allowance, cgroup_cpus, wait_policy
 from atom_engine.settings import EngineSettings
 from pydantic import ValidationError
 
@@ -132,13 +132,26 @@ def test_cpu_threads_setting_is_bounded_by_the_limits() -> None:
 
 def test_the_engine_process_sets_torchs_threads_and_says_why() -> None:
     # A child process: torch's thread count is process-wide, and this test process runs on one thread.
-    code = ("import logging, sys, torch\n"
+    code = ("import logging, os, sys\n"
             "logging.basicConfig(level='INFO', stream=sys.stdout, format='%(message)s')\n"
             "from atom_engine import cpu_allowance\n"
             "chosen = cpu_allowance.apply(None)\n"
-            "print('got', torch.get_num_threads(), chosen.threads)\n")
+            "import torch\n"
+            "print('got', torch.get_num_threads(), chosen.threads, os.environ['OMP_WAIT_POLICY'])\n")
     env = {"PATH": "/usr/bin:/bin", CPU_REQUEST_ENV: "1000"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert "event=cpu_threads threads=1 source=pod-request" in out
-    assert "got 1 1" in out
+    assert "omp_wait_policy=PASSIVE" in out
+    assert "got 1 1 PASSIVE" in out
+
+
+def test_openmps_waiters_sleep_unless_the_environment_chose_or_torch_loaded_first() -> None:
+    env: dict[str, str] = {}
+    assert wait_policy(env, torch_loaded=False) == "PASSIVE"
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}  # what OpenMP reads when torch loads it
+    assert wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}, torch_loaded=False) == "ACTIVE"
+    assert wait_policy({"OMP_WAIT_POLICY": ""}, torch_loaded=False) == "PASSIVE"  # empty: not a choice
+    late: dict[str, str] = {}
+    assert wait_policy(late, torch_loaded=True) == "default"
+    assert late == {}  # nothing set that would not take effect

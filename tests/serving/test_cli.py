@@ -97,7 +97,7 @@ def test_the_served_metrics_say_how_many_cpu_threads_and_which_bound_chose_them(
     # No OMP_NUM_THREADS (spawn's default would win as an explicit choice): the pod's half-CPU request is the
     # tightest bound, and the metric must name it as the start-up log does.
     proc = spawn(tmp_path, "standalone", "standalone", {**BASE, "lanes": 2, "kv_blocks": 4},
-                 env={"OMP_NUM_THREADS": "", CPU_REQUEST_ENV: "500"})
+                 env={"OMP_NUM_THREADS": "", "OMP_WAIT_POLICY": "", CPU_REQUEST_ENV: "500"})
     try:
         wait_ready_sync(proc)
         with urllib.request.urlopen(f"{proc.url}/metrics", timeout=10) as r:
@@ -105,6 +105,8 @@ def test_the_served_metrics_say_how_many_cpu_threads_and_which_bound_chose_them(
     finally:
         proc.proc.terminate()
         assert proc.proc.wait(30) == 0
-    assert "event=cpu_threads threads=1 source=pod-request" in proc.log.read_text()
+    log = proc.log.read_text()
+    assert "event=cpu_threads threads=1 source=pod-request" in log
+    assert "omp_wait_policy=PASSIVE" in log  # set before torch loaded: the CLI imports nothing of torch first
     assert 'atom:cpu_threads_info{source="pod-request",threads="1"} 1.0' in metrics
     assert f'atom:cpu_threads{{model_name="{MODEL}"}} 1.0' in metrics  # the existing series, unchanged

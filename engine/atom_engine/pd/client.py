@@ -135,7 +135,8 @@ class PrefillClient:
                                            self._in_flight.get(a, 0), order[a]))
 
     # -- fetching -----------------------------------------------------------------------------------
-    async def fetch(self, expect: Expect, prompt: list[int], buffer: bytearray | None = None) -> Shipment:
+    async def fetch(self, expect: Expect, prompt: list[int], buffer: bytearray | memoryview | None = None
+                    ) -> Shipment:
         """The KV of ``prompt[expect.start:]`` from some worker, checked against ``expect``."""
         breaker = self.breaker
         if breaker.rejecting:
@@ -232,7 +233,7 @@ class PrefillClient:
         return WorkerFailed(message, unanswered=unanswered)
 
     async def _fetch_from(self, address: str, expect: Expect, prompt: list[int],
-                          buffer: bytearray | None) -> Shipment:
+                          buffer: bytearray | memoryview | None) -> Shipment:
         self.stats.pd_attempts += 1
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         request = PrefillRequest(expect.request_id, prompt, expect.start, expect.prompt_logprobs)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import mmap
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -84,15 +85,16 @@ class Fetch:
 
 
 class RemotePrefill:
-    """Starts fetches on the event loop for the engine thread; each source slot has its own staging buffer."""
+    """Starts fetches on the event loop for the engine thread; each source slot has its own staging buffer, sized
+    to the shipments it has taken (see :meth:`_buffer`)."""
 
     def __init__(self, client: PrefillClient, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
         self.loop = loop
         self.layout: dict[str, Any] | None = None  # the model's KV shape, known once it is loaded
-        self.slot_bytes = 0
+        self.slot_bytes = 0  # the most one shipment can need
         self.wakeup: Callable[[], None] = lambda: None
-        self.buffers: dict[int, bytearray] = {}
+        self.buffers: dict[int, mmap.mmap] = {}  # each slot's; made and replaced on the event loop only
 
     def configure(self, model: Any) -> None:
         """The loaded model's KV layout (what every frame must match)."""
@@ -100,7 +102,7 @@ class RemotePrefill:
         dtype = model.dtype
         self.layout = dict(layers=cfg.num_layers, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                            vocab=cfg.vocab_size, dtype=dtype)
-        # A slot holds a whole sequence's K and V (maxSeqLen tokens) and the logits of one token.
+        # The most a shipment can need: a whole sequence's K and V (maxSeqLen tokens) and one token's logits.
         self.slot_bytes = (2 * cfg.num_layers * cfg.num_kv_heads * model.max_seq_len * cfg.head_dim
                            * dtype.itemsize + 4 * cfg.vocab_size)
 
@@ -109,12 +111,25 @@ class RemotePrefill:
         if self.layout is None:
             raise RuntimeError("RemotePrefill.configure() was not called")
         expect = Expect(request_id, start, prompt[start:], **self.layout, prompt_logprobs=prompt_logprobs)
-        buffer = self.buffers.get(slot)
-        if buffer is None:  # allocated on first use, then reused by every shipment into this slot
-            buffer = self.buffers[slot] = bytearray(self.slot_bytes)
-        fetch = Fetch(self.loop, lambda: self.client.fetch(expect, prompt, buffer), on_stopped)
+        need = 2 * expect.kv_bytes + 4 * expect.vocab
+        # The fetch starts on the event loop, which alone touches the buffers: no lock, and the engine thread
+        # never makes one.
+        fetch = Fetch(self.loop, lambda: self.client.fetch(expect, prompt, self._buffer(slot, need)), on_stopped)
         fetch.future.add_done_callback(lambda _f: self.wakeup())
         return fetch
+
+    def _buffer(self, slot: int, need: int) -> memoryview:
+        """The slot's staging memory, at least ``need`` bytes. Sized to the shipments the slot takes, not to
+        maxSeqLen up front (a pod would commit lanes x a whole sequence's KV it may never ship): a shipment larger
+        than the slot's buffer gets a new one, at least twice the old (so a slot is replaced a few times at most)
+        and at most ``slot_bytes``. Replaced, never resized: an earlier shipment's tensors may still view the old
+        one, which goes with them. Anonymous memory: making it writes nothing, its pages are faulted in by the
+        socket's copy into them, off the engine thread and without the GIL (a bytearray zero-fills holding it)."""
+        buffer = self.buffers.get(slot)
+        if buffer is None or len(buffer) < need:
+            size = need if buffer is None else max(need, min(self.slot_bytes, 2 * len(buffer)))
+            buffer = self.buffers[slot] = mmap.mmap(-1, size)
+        return memoryview(buffer)
 
 
 @dataclass

@@ -131,8 +131,8 @@ class TcpTransport:
         self.timeouts = timeouts or Timeouts()
         self.stats = TransferStats()
 
-    async def fetch(self, address: str, request: PrefillRequest, expect: Expect, buffer: bytearray | None
-                    ) -> Shipment:
+    async def fetch(self, address: str, request: PrefillRequest, expect: Expect,
+                    buffer: bytearray | memoryview | None) -> Shipment:
         t = self.timeouts
         _ = expect.header_fields  # hashes the token ids now, while the worker prefills, not between the frame's bytes
         sock = await self._connect(address)

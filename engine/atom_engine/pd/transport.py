@@ -81,8 +81,8 @@ class KVTransport(Protocol):
 
     stats: TransferStats
 
-    async def fetch(self, address: str, request: PrefillRequest, expect: Expect, buffer: bytearray | None
-                    ) -> Shipment:
+    async def fetch(self, address: str, request: PrefillRequest, expect: Expect,
+                    buffer: bytearray | memoryview | None) -> Shipment:
         """The frame for ``request`` from the worker at ``address``, checked against ``expect``, its payload in
         ``buffer``. Raises :class:`WorkerFailed` (``unanswered`` when the worker never answered), or
         :class:`WorkerRefused` when the worker refused the request itself. Cancelling it

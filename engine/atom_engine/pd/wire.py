@@ -187,7 +187,7 @@ async def read_message(reader: Reader, kinds: tuple[bytes, ...]) -> tuple[bytes,
     return kind, header
 
 
-async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | None = None,
+async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | memoryview | None = None,
                      header: dict[str, Any] | None = None) -> Shipment:
     """Read one frame (or its payload, when its ``header`` was read already), checking it against ``expect``;
     the payload lands in ``buffer`` (a source slot's staging memory, never resized: earlier shipments' tensors
@@ -213,7 +213,7 @@ async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | None = 
         raise CorruptTransfer(f"KV frame payload_bytes is {h.get('payload_bytes')}; the shapes need {total}")
     if buffer is None:
         buffer = bytearray(total)
-    elif len(buffer) < total:  # slots are sized for maxSeqLen tokens, so a frame this big cannot be right
+    elif len(buffer) < total:  # a slot's buffer is sized to the shipment asked: a caller's mistake, refused whole
         raise CorruptTransfer(f"KV frame payload of {total} bytes exceeds the source slot ({len(buffer)} bytes)")
     view = memoryview(buffer)
     hasher = xxhash.xxh3_64()

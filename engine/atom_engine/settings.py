@@ -105,7 +105,9 @@ class EngineSettings(BaseModel):
     pd_lease_seconds: float = Field(
         10.0, ge=0.1, le=300.0,
         description="Decode side: a prefill worker drops a request it has heard nothing about for this long while"
-        " it is queued or computed (heartbeats renew it), so a decoder that vanished pins nothing there.",
+        " it is queued or computed (heartbeats renew it), so a decoder that vanished pins nothing there; and a"
+        " worker that says nothing for this long before its answer (it acknowledges each heartbeat) has stopped"
+        " or hung, and fails the attempt then rather than at the response timeout.",
     )
 
     @model_validator(mode="after")

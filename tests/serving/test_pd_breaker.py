@@ -2,7 +2,8 @@
 503 ``prefill_unavailable`` within one wait window of the first failure (not one window per wave of lanes), a
 request that comes while the breaker is open fails at once, and a worker that comes back is found by the
 half-open probe and serves token-exact at once. A hung pool (a stopped worker whose kernel still accepts
-connections) is the same: every request ends by its deadline, never at the transport's response timeout."""
+connections) is the same: every request ends by its deadline, never at the transport's response timeout; and it is
+found by its silence a lease after a request, since a live worker acknowledges every heartbeat."""
 
 from __future__ import annotations
 
@@ -108,4 +109,34 @@ async def test_a_hung_pool_answers_every_queued_request_503_in_one_window_and_se
             assert out.choices[0].token_ids == reference_tokens([prompt], 6)[0]
     finally:
         worker.proc.send_signal(signal.SIGCONT)  # a stopped process ignores the kill's wait otherwise
+        worker.kill()
+
+
+async def test_a_hung_pool_is_found_by_its_silence_a_lease_after_the_request_not_at_the_response_timeout(
+        tmp_path: Path) -> None:
+    worker = spawn(tmp_path, "silent", "prefill", {**BASE, "lanes": 1, "kv_blocks": 2, "prefix_cache": False})
+    lease = 1.0  # the worker acknowledges each heartbeat (every quarter lease): a whole lease of silence is a hang
+    settings = dict(lanes=LANES, kv_blocks=LANES + 1, prefix_cache=False, local_prefill=False,
+                    prefill_workers=worker.address, pd_unavailable_wait_seconds=WAIT,
+                    pd_response_timeout_seconds=60.0, pd_lease_seconds=lease)
+    try:
+        await wait_ready(worker.url, worker)
+        async with in_process("decode", **settings) as (_s, url):
+            assert (await answered_at(url, "a live worker is not silent", time.monotonic()))[1] is None
+            worker.proc.send_signal(signal.SIGSTOP)
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(answered_at(url, f"silent {i}", t0) for i in range(REQUESTS)))
+            for _took, exc in results:
+                assert exc is not None and exc.status_code == 503 and exc.body["code"] == "prefill_unavailable", exc
+            assert any("went silent" in exc.body["message"] for _, exc in results), [e.body for _, e in results]
+            # Each lane's attempt fails a lease after it asked (the worker answered nothing, not even an
+            # acknowledgement); the window of the first failure bounds the rest, so all end within one window of
+            # it, far before the response timeout.
+            took = sorted(t for t, _ in results)
+            assert lease * 0.9 <= took[0] and took[-1] < lease + 1.5 * WAIT, [round(t, 2) for t in took]
+            m = await wait_metrics(url, idle, "idle")
+            assert_no_block_leaked(m)
+            assert m["atom:pd_source_slots_held"] == 0
+    finally:
+        worker.proc.send_signal(signal.SIGCONT)
         worker.kill()

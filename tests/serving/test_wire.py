@@ -10,7 +10,7 @@ import torch
 import xxhash
 from atom_engine.pd.client import PrefillClient
 from atom_engine.pd.tcp import StreamEnded
-from atom_engine.pd.wire import PREFIX, CorruptTransfer, Expect, Shipment, frame_bytes, read_frame
+from atom_engine.pd.wire import PREFIX, VERSION, CorruptTransfer, Expect, Shipment, frame_bytes, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 L, H, D, V = 2, 2, 4, 11
@@ -81,7 +81,7 @@ def _patch_header(data: bytes, **fields: object) -> bytes:
     ("damage", "needle"),
     [
         (lambda b: b"XXXX" + b[4:], "not a KV transport message"),
-        (lambda b: b[:4] + bytes([9]) + b[5:], "version 9; this engine speaks version 2"),
+        (lambda b: b[:4] + bytes([9]) + b[5:], f"version 9; this engine speaks version {VERSION}"),
         (lambda b: b[: PREFIX.size + 3] + b"#" + b[PREFIX.size + 4 :], "header checksum"),
         (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "payload checksum"),
         (lambda b: _patch_header(b, request_id="someone-else"), "request_id"),
@@ -92,7 +92,7 @@ def _patch_header(data: bytes, **fields: object) -> bytes:
         (lambda b: _patch_header(b, kv_layout="tokens,layers,kv_heads,head_dim"),
          "kv_layout is 'tokens,layers,kv_heads,head_dim' but this decode engine reads 'layers,kv_heads,tokens"),
         (lambda b: _patch_header(b, payload_bytes=1), "payload_bytes"),
-        (lambda b: struct.pack("<4sBBIQ", b"ATKV", 2, 0, 1 << 30, 0), "header of 1073741824 bytes exceeds"),
+        (lambda b: struct.pack("<4sBBIQ", b"ATKV", VERSION, 0, 1 << 30, 0), "header of 1073741824 bytes exceeds"),
         (lambda b: _patch_header(b, tokens=4000, k_shape=[L, H, 4000, D], v_shape=[L, H, 4000, D],
                                  payload_bytes=2 * L * H * 4000 * D * 4 + 4 * V), "field tokens is 4000"),
     ],
@@ -109,11 +109,12 @@ async def test_a_frame_of_another_dtype_is_refused_not_converted() -> None:
         await read(frame_bytes(ship), expect(ship, dtype=torch.float32))
 
 
-async def test_a_version_1_frame_is_refused_naming_both_versions() -> None:
+async def test_a_frame_of_an_earlier_version_is_refused_naming_both_versions() -> None:
     ship = shipment()
     data = frame_bytes(ship)
-    with pytest.raises(CorruptTransfer, match="version 1; this engine speaks version 2"):
-        await read(data[:4] + bytes([1]) + data[5:], expect(ship))
+    for old in range(1, VERSION):  # version 2 had no acknowledgements: its decoders read them as garbage
+        with pytest.raises(CorruptTransfer, match=f"version {old}; this engine speaks version {VERSION}"):
+            await read(data[:4] + bytes([old]) + data[5:], expect(ship))
 
 
 async def test_a_frame_larger_than_the_source_slot_is_refused_before_its_payload_is_read() -> None:

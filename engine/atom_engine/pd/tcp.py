@@ -4,14 +4,17 @@ Decode side (:class:`TcpTransport`): connect, send the request (:data:`~atom_eng
 heartbeat byte every quarter of the lease until the frame starts, then receive the frame: its small prefix and
 header into bytes, its payload with ``recv_into`` directly into the slot's preallocated buffer (no intermediate
 copy), hashing each piece as it lands. Every wait is bounded (connect, the first byte, each piece, the whole
-attempt). Cancelling a fetch closes the socket, which is how the worker learns that the decoder left.
+attempt), and until the answer starts so is every silence: the worker acknowledges the request and each
+heartbeat, so a worker that says nothing for a whole lease has stopped (a stopped or hung process whose kernel
+still accepts connections) and is failed then, not after the response timeout, which must cover a long queue and
+prefill. Cancelling a fetch closes the socket, which is how the worker learns that the decoder left.
 
 Worker side (:class:`TcpServer`, :class:`TcpConnection`): accept, read one request, and while it is queued or
 computing, watch the socket: end of stream (the decoder closed or died) or no heartbeat for the request's lease
 (the decoder hangs, or its host vanished without a FIN) sets the request's ``gone`` event, which stops the
-prefill before its next chunk and drops the request. The frame is sent with ``sendmsg`` straight from the
-tensors' memory; the kernel's socket buffers are the backpressure, and a decoder that takes nothing for the send
-timeout is dropped.
+prefill before its next chunk and drops the request; each heartbeat heard is acknowledged until the answer
+starts. The frame is sent with ``sendmsg`` straight from the tensors' memory; the kernel's socket buffers are the
+backpressure, and a decoder that takes nothing for the send timeout is dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from atom_engine.pd.transport import (
     refuses_the_request,
 )
 from atom_engine.pd.wire import (
+    ACK,
     ERROR,
     FRAME,
     HEARTBEAT,
@@ -59,9 +63,27 @@ class StreamEnded(ConnectionError):
     """The peer closed the stream before a message was whole."""
 
 
+class Silent(TimeoutError):
+    """The worker sent nothing, not even an acknowledgement, for a whole lease before its answer."""
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+async def _ready(sock: socket.socket, timeout: float, *, writing: bool) -> None:
+    """Until the socket can be read (or written) without blocking, at most ``timeout`` seconds (TimeoutError)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+    add, remove = (loop.add_writer, loop.remove_writer) if writing else (loop.add_reader, loop.remove_reader)
+    add(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        async with asyncio.timeout(timeout):
+            await ready
+    finally:
+        remove(fd)
 
 
 def _tune(sock: socket.socket) -> None:
@@ -86,6 +108,38 @@ class SocketReader:
         self.loop = asyncio.get_running_loop()
         self.received = 0
         self.started_at = self.finished_at = 0.0
+
+    async def skip(self, byte: bytes, silence: float) -> None:
+        """Consume the ``byte``s that come before the first message (the worker's acknowledgements) until a
+        message's first byte is next: the whole wait bounded by ``first``, each silence by ``silence``
+        (:class:`Silent`)."""
+        deadline = self.loop.time() + self.first
+        while True:
+            try:
+                head = self.sock.recv(64, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                head = None
+            if head == b"":
+                raise StreamEnded("the stream ended before a message")
+            if head:
+                skipped = len(head) - len(head.lstrip(byte))
+                if skipped:
+                    self.sock.recv(skipped)  # exactly the bytes peeked: there, so no wait
+                if skipped < len(head):
+                    return
+                continue
+            left = deadline - self.loop.time()
+            if left <= 0:
+                raise TimeoutError
+            try:
+                await self._readable(min(left, silence))
+            except TimeoutError:
+                if silence < left:
+                    raise Silent from None
+                raise
+
+    async def _readable(self, timeout: float) -> None:
+        await _ready(self.sock, timeout, writing=False)
 
     async def read_exactly(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -142,6 +196,7 @@ class TcpTransport:
             async with asyncio.timeout(t.total):
                 await asyncio.get_running_loop().sock_sendall(sock, message(REQUEST, request.header(t.lease)))
                 beating = asyncio.create_task(self._heartbeats(sock, reader))
+                await reader.skip(ACK, t.lease)
                 kind, header = await read_message(reader, (FRAME, ERROR))
                 if kind == ERROR:
                     status = header.get("status")
@@ -154,6 +209,9 @@ class TcpTransport:
                 ship = await read_frame(reader, expect, buffer, header)
             self.stats.transfer_seconds += reader.finished_at - reader.started_at
             return ship
+        except Silent as exc:
+            raise WorkerFailed(f"the worker went silent: nothing, not even an acknowledgement, for {t.lease:g}s"
+                               " (a stopped or hung process)") from exc
         except TimeoutError as exc:
             raise WorkerFailed(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
                                f" total {t.total}s)") from exc
@@ -231,7 +289,9 @@ class TcpConnection:
             return await read_message(SocketReader(self.sock, timeout, timeout), (REQUEST, PING))
 
     async def watch(self, lease: float, gone: threading.Event) -> str:
-        """Until the decoder leaves or its lease expires (then ``gone`` is set): why it ended."""
+        """Until the decoder leaves or its lease expires (then ``gone`` is set): why it ended. Acknowledges the
+        request at once and each heartbeat heard, until the answer starts."""
+        self._ack()
         while True:
             try:
                 async with asyncio.timeout(None if self.sending else lease):
@@ -250,8 +310,17 @@ class TcpConnection:
             if data.strip(HEARTBEAT):
                 reason = "protocol error (bytes other than heartbeats after the request)"
                 break
+            self._ack()
         gone.set()
         return reason
+
+    def _ack(self) -> None:
+        """One acknowledgement byte, unless the answer has started (it must not land inside a message): sent
+        without waiting, since it is one byte between messages; a socket with no room for it is a decoder that
+        reads nothing, which learns nothing from it."""
+        if not self.sending:
+            with contextlib.suppress(OSError):  # a decoder gone: the watch hears it
+                self.sock.send(ACK)
 
     async def send(self, parts: list[memoryview | bytes], timeout: float) -> None:
         """Write ``parts`` in order with ``sendmsg`` (one syscall takes all of them while the socket has room, as
@@ -273,14 +342,7 @@ class TcpConnection:
                     views[0], n = views[0][n:], 0
 
     async def _writable(self, timeout: float) -> None:
-        ready = self.loop.create_future()
-        fd = self.sock.fileno()
-        self.loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
-        try:
-            async with asyncio.timeout(timeout):
-                await ready
-        finally:
-            self.loop.remove_writer(fd)
+        await _ready(self.sock, timeout, writing=True)
 
     async def send_error(self, status: int, text: str, code: str, timeout: float) -> None:
         """Best effort: a decoder that is gone gets nothing."""

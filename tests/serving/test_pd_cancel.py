@@ -11,7 +11,7 @@ import pytest
 import torch
 from atom_engine.kv_blocks import SourceSlots
 from atom_engine.pd.remote import RemoteConnector, RemotePrefill
-from atom_engine.pd.wire import ACK
+from atom_engine.pd.wire import FRAME
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence
 
 from tests.serving.conftest import (
@@ -28,7 +28,7 @@ from tests.serving.conftest import (
     wait_metrics,
     wait_ready_sync,
 )
-from tests.serving.test_pd import PROMPTS, complete_all, decode_settings, open_kv
+from tests.serving.test_pd import PROMPTS, answer_kind, complete_all, decode_settings, open_kv
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -148,10 +148,7 @@ async def test_a_decoder_gone_mid_send_is_one_info_line_on_the_worker(tmp_path: 
         await asyncio.to_thread(wait_ready_sync, worker)
         reader, writer = await open_kv(worker, bytes(i % 200 + 32 for i in range(32000)), "dies-mid-send", 120,
                                        receive_buffer=64 << 10)
-        first = ACK
-        while first == ACK:  # the worker's acknowledgements come before its answer
-            first = await asyncio.wait_for(reader.readexactly(1), 120)
-        assert first + await reader.readexactly(3) == b"ATKV"  # the send started
+        assert await answer_kind(reader, 120) == FRAME  # the send started
         writer.transport.abort()  # the decoder dies (a reset: its unread bytes are dropped)
         m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1, "the send to fail")
         assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 16 << 20

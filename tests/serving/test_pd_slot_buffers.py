@@ -28,7 +28,7 @@ class RecordingClient:
         self.buffers: list[memoryview] = []
 
     async def fetch(self, expect, prompt, buffer):  # noqa: ANN001, ANN201
-        assert len(buffer) >= 2 * expect.kv_bytes + 4 * expect.vocab
+        assert len(buffer) >= expect.payload_bytes
         buffer[:4] = len(self.buffers).to_bytes(4, "little")
         self.buffers.append(buffer)
         return len(buffer)

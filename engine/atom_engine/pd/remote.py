@@ -111,10 +111,10 @@ class RemotePrefill:
         if self.layout is None:
             raise RuntimeError("RemotePrefill.configure() was not called")
         expect = Expect(request_id, start, prompt[start:], **self.layout, prompt_logprobs=prompt_logprobs)
-        need = 2 * expect.kv_bytes + 4 * expect.vocab
         # The fetch starts on the event loop, which alone touches the buffers: no lock, and the engine thread
         # never makes one.
-        fetch = Fetch(self.loop, lambda: self.client.fetch(expect, prompt, self._buffer(slot, need)), on_stopped)
+        fetch = Fetch(self.loop, lambda: self.client.fetch(expect, prompt, self._buffer(slot, expect.payload_bytes)),
+                      on_stopped)
         fetch.future.add_done_callback(lambda _f: self.wakeup())
         return fetch
 

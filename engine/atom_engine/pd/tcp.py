@@ -132,14 +132,11 @@ class SocketReader:
             if left <= 0:
                 raise TimeoutError
             try:
-                await self._readable(min(left, silence))
+                await _ready(self.sock, min(left, silence), writing=False)
             except TimeoutError:
                 if silence < left:
                     raise Silent from None
                 raise
-
-    async def _readable(self, timeout: float) -> None:
-        await _ready(self.sock, timeout, writing=False)
 
     async def read_exactly(self, n: int) -> bytes:
         buf = bytearray(n)

@@ -107,6 +107,11 @@ class Expect:
     def kv_bytes(self) -> int:
         return self.layers * self.kv_heads * len(self.token_ids) * self.head_dim * self.dtype.itemsize
 
+    @property
+    def payload_bytes(self) -> int:
+        """K, V and the float32 logits: what the frame's payload must hold."""
+        return 2 * self.kv_bytes + 4 * self.vocab
+
     @cached_property
     def header_fields(self) -> dict[str, Any]:
         """What a frame's header must say, field by field. Computed once: a transport asks for it before the frame
@@ -211,7 +216,7 @@ async def read_frame(reader: Reader, expect: Expect, buffer: bytearray | memoryv
             raise CorruptTransfer(f"KV frame field {key} is {h.get(key)!r}; expected {value!r}")
     prompt_logprobs = _lp_in(h.get("prompt_logprobs"), n) if expect.prompt_logprobs is not None else None
     kv_bytes, kv_shape = expect.kv_bytes, expect.kv_shape
-    total = 2 * kv_bytes + 4 * expect.vocab
+    total = expect.payload_bytes
     if h.get("payload_bytes") != total:
         raise CorruptTransfer(f"KV frame payload_bytes is {h.get('payload_bytes')}; the shapes need {total}")
     if buffer is None:

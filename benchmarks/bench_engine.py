@@ -492,6 +492,19 @@ def measure(name: str, dtype: str, args: argparse.Namespace, tmp: Path) -> Table
             s.stop()
 
 
+def bfloat16_in_hardware() -> bool:
+    """Whether the CPU has bfloat16 arithmetic (x86's AVX512-BF16 or AMX, Arm's BF16), from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True  # unknown: say nothing
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="bench,smollm2", help=f"comma-separated, of {', '.join(MODELS)}")
@@ -525,6 +538,10 @@ def main() -> None:
     if args.engine_baseline is not None:
         LABELS["engine-baseline"] = f"engine from {args.engine_baseline} (its defaults)"
     torch.set_num_threads(args.threads)
+    if "bfloat16" in args.dtypes.split(",") and not bfloat16_in_hardware():
+        print("bench-engine: this CPU has no bfloat16 instructions (no avx512_bf16, amx_bf16 or bf16 flag): torch"
+              " emulates bfloat16 matmuls, and a bfloat16 round takes many times float32's; --dtypes float32 to"
+              " skip them", file=sys.stderr, flush=True)
     tables: list[Table] = []
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         for name in args.models.split(","):

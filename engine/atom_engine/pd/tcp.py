@@ -331,7 +331,7 @@ class TcpConnection:
             try:
                 n = self.sock.sendmsg(views)
             except (BlockingIOError, InterruptedError):
-                await self._writable(timeout)
+                await _ready(self.sock, timeout, writing=True)
                 continue
             self.sent += n
             while n:
@@ -339,9 +339,6 @@ class TcpConnection:
                     n -= views.pop(0).nbytes
                 else:
                     views[0], n = views[0][n:], 0
-
-    async def _writable(self, timeout: float) -> None:
-        await _ready(self.sock, timeout, writing=True)
 
     async def send_error(self, status: int, text: str, code: str, timeout: float) -> None:
         """Best effort: a decoder that is gone gets nothing."""

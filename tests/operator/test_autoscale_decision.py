@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from atom_operator.api import AtomDeploymentSpec
+from atom_operator.autoscale.arrivals import Counts
 from atom_operator.autoscale.decision import (
     Decision,
     DecodeObservation,
@@ -172,6 +173,58 @@ def test_lanes_waiting_for_a_remote_kv_are_prefill_demand_not_decode() -> None:
     # The same controller per role (what two independent autoscalers do) adds decode pods for prefill's shortfall.
     independent = decide(obs, State(), make_policy(coupled=False), now=0.0)
     assert independent.decode.recommended == 2
+
+
+def steady(prefill: int, decode: int, *, stuck: int = 0) -> Observations:
+    """C3 of the real-node plan in steady state, as decode's pods report it: 1 request/s of 1000 prompt tokens and
+    20 max_tokens at 0.05 lane seconds each; 4 lanes held, 2 of them waiting for a worker's KV, one request queued
+    for a lane; ``stuck`` of the prefill pods Pending as unschedulable."""
+    counts = Counts(end=0.0, seconds=5.0, requests=5.0, prompt_tokens=5000.0, max_tokens=100.0, decode_seconds=5.0,
+                    decoded_max_tokens=100.0)  # fmt: skip
+    placed = prefill - stuck
+    return Observations(
+        DecodeObservation(replicas=decode, ready=decode, answered=decode, sequences=5.0, waiting_for_kv=2.0,
+                          running=4.0, counts=counts),  # fmt: skip
+        PrefillObservation(replicas=prefill, ready=placed, answered=placed, unschedulable=stuck,
+                           busy_seconds_per_second=2.0, busy_seconds=10.0, tokens_per_busy_second=SPEED),  # fmt: skip
+    )
+
+
+def decide_steadily(obs: Observations, p: Policy, intervals: int = 8) -> Decision:
+    state, d = State(), None
+    for i in range(intervals):
+        now = i * p.interval_seconds
+        obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=now)))
+        d = decide(obs, state, p, now)
+        state = d.state
+    assert d is not None
+    return d
+
+
+def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() -> None:
+    """The real node's C3: prefill needs 3 workers (1000 tok/s at 350), decode 2 pods for 4 lanes of which 2 only
+    wait for prefill. Where 3+2 fits, both get their targets; where the cluster placed 4 (a third worker stays
+    Pending), the NPU goes to the bottleneck: 3+1, not 2+2."""
+    p = make_policy(npuBudget=None, ratio=None)
+    free = decide_steadily(steady(prefill=3, decode=2), p)
+    assert pair(free) == (3, 2), free.reason
+    assert condition(free, "ScalingLimited") == ("False", "DesiredWithinRange")
+
+    bound = decide_steadily(steady(prefill=3, decode=2, stuck=1), p)
+    assert (bound.prefill.recommended, bound.decode.recommended) == (3, 2)
+    assert pair(bound) == (3, 1), bound.reason
+    assert condition(bound, "ScalingLimited") == ("True", "InsufficientNPUs")
+    message = next(c for c in bound.conditions if c.type == "ScalingLimited").message
+    assert "the pair 3:1 (prefill:decode), not the targets 3:2" in message, message
+    assert "2.0 of them wait for prefill, yielded to it as the NPUs bind" in bound.decode.demand, bound.decode.demand
+
+    # The same lanes decoding for themselves (no KV awaited) hold decode's pods: the room is shared by need, 2:2.
+    own = steady(prefill=3, decode=2, stuck=1)
+    own = replace(own, decode=replace(own.decode, waiting_for_kv=0.0))
+    assert pair(decide_steadily(own, p)) == (2, 2)
+    # A budget binds the same way.
+    budget = decide_steadily(steady(prefill=3, decode=2), make_policy(npuBudget=4, ratio=None))
+    assert pair(budget) == (3, 1) and condition(budget, "ScalingLimited") == ("True", "NPUBudget"), budget.reason
 
 
 def test_pods_not_yet_ready_count_toward_the_target() -> None:

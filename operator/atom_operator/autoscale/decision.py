@@ -28,7 +28,8 @@ time. In order:
    requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
    pods that cannot run (``ScalingLimited/InsufficientNPUs``). When the memory lapses the decision asks again, as
-   a probe.
+   a probe. Where the room or the budget cannot hold both targets, decode's lanes that only wait for prefill are
+   left out of its target: they are prefill's shortfall, and an NPU given to prefill shortens their wait.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class _Need:
     capacity: float  # of one pod
     floor_only: bool  # only some pods answered: the need may raise the count, never lower it
     demand: str
+    for_prefill: float = 0.0  # of load, lanes held while prompts wait for or are computed by a worker
 
 
 def _answered(obs: RoleObservation) -> str:
@@ -169,7 +171,8 @@ def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, sp
         load = max(arriving, decoding)
         demand = f"{load:.1f} lanes ({arriving:.1f} arriving, {decoding:.0f} decoding"
         demand += f", {obs.waiting_for_kv:.0f} wait for prefill)" if obs.waiting_for_kv else ")"
-        return _Need(load, policy.lanes * policy.occupancy, obs.answered < obs.ready, demand)
+        own = max(rate * per_token, obs.running - obs.waiting_for_kv, 0.0)
+        return _Need(load, policy.lanes * policy.occupancy, obs.answered < obs.ready, demand, load - own)
     held = obs.waiting_for_kv if policy.coupled else 0.0
     load = max(0.0, obs.sequences - held)
     capacity = policy.lanes * policy.occupancy
@@ -252,6 +255,27 @@ def _stabilize(
         stable = down
     stable = min(current + policy.up_pods, max(current - policy.down_pods, stable))
     return stable, history
+
+
+def _yield_to_prefill(
+    targets: tuple[int, int], need: _Need | None, obs: DecodeObservation, policy: Policy, room: int | None,
+    hold: bool,
+) -> tuple[int, str]:
+    """Decode's target when the NPUs bind (and which bound binds): without the lanes that only wait for prefill.
+    Those lanes are prefill's shortfall showing in decode; where both targets do not fit, an NPU given to decode
+    for them leaves the bottleneck as it is, and the same NPU given to prefill shortens their wait. Pace still
+    bounds the step down."""
+    p_t, d_t = targets
+    bound = ("InsufficientNPUs" if room is not None and units(policy, p_t, d_t) > room
+             else "NPUBudget" if policy.npu_budget is not None and policy.cost(p_t, d_t) > policy.npu_budget
+             else "")  # fmt: skip
+    if not bound or hold or need is None or need.for_prefill <= 0:
+        return d_t, ""
+    b = policy.bounds
+    own = _recommend(replace(need, load=need.load - need.for_prefill), obs.replicas, b.decode_min, b.decode_max,
+                     policy.tolerance)
+    yielded = min(d_t, max(own, obs.replicas - policy.down_pods))
+    return yielded, bound if yielded < d_t else ""
 
 
 def units(policy: Policy, prefill: int, decode: int) -> int:
@@ -374,7 +398,12 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     state = _capacity(obs, state, policy, now)
     room = state.capacity[0] if state.capacity else None
     if policy.prefill_scaled and obs.prefill is not None:
-        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
+        hold = external or "decode" in missing or obs.decode.rolling_out
+        d_target, bound = _yield_to_prefill((p_stable, d_stable), d_need, obs.decode, policy, room, hold)
+        (p_new, d_new), limit = _joint((p_stable, d_target), policy, external, room)
+        if bound and d_need is not None:
+            limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
+            d_demand += f"; {d_need.for_prefill:.1f} of them wait for prefill, yielded to it as the NPUs bind"
     else:
         fixed = replace(policy, band=None, bounds=replace(b, prefill_min=p_cur, prefill_max=p_cur))
         (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, external, room)

@@ -227,6 +227,43 @@ def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() 
     assert pair(budget) == (3, 1) and condition(budget, "ScalingLimited") == ("True", "NPUBudget"), budget.reason
 
 
+def test_a_queue_the_workers_clear_within_the_window_adds_no_worker() -> None:
+    """The real node's C1 (0.2 requests/s of 1000 tokens, 200 tok/s at 350 a worker): one prompt queued behind
+    another is 2 s of a worker's time, cleared within the 5 s window by the 300 tok/s it has to spare. A backlog
+    the spare cannot clear is prefill's shortfall, and pods still starting count as spare."""
+    light = load(0.2, 1000, 1.0)
+    light = replace(light, prefill=replace(light.prefill, waiting_tokens=1000.0))
+    d = decide(light, State(), make_policy(), now=0.0)
+    assert d.prefill.desired == 1, d.prefill.demand
+    assert "1000 tok queued (0 beyond what the workers clear in 5 s)" in d.prefill.demand, d.prefill.demand
+
+    # 300 tok/s on one worker spares 200 tok/s, 1000 tokens a window: of 5000 queued, 4000 remain -> 1100 tok/s.
+    behind = load(0.3, 1000, 1.0)
+    behind = replace(behind, prefill=replace(behind.prefill, waiting_tokens=5000.0))
+    d = decide(behind, State(), make_policy(npuBudget=None, ratio=None), now=0.0)
+    assert d.prefill.load == pytest.approx(300.0 + 4000.0 / 5) and d.prefill.desired == 3, d.prefill.demand
+    # The same queue with a second worker starting: 3500 tokens cleared a window, 1500 left -> 600 tok/s, 2 workers.
+    starting = replace(behind, prefill=replace(behind.prefill, replicas=2))
+    d = decide(starting, State(), make_policy(npuBudget=None, ratio=None), now=0.0)
+    assert d.prefill.load == pytest.approx(300.0 + 1500.0 / 5) and d.prefill.recommended == 2, d.prefill.demand
+
+
+def test_after_a_step_the_whole_queue_counts() -> None:
+    # Steady 0.2 requests/s of 1000 tokens, then an interval with 7: a change point, read cautiously.
+    p, state, d = make_policy(npuBudget=None, ratio=None), State(), None
+    for i, requests in enumerate([1, 1, 1, 1, 1, 1, 7]):
+        counts = Counts(end=i * 5.0, seconds=5.0, requests=requests, prompt_tokens=1000.0 * requests,
+                        max_tokens=20.0 * requests, decode_seconds=1.0, decoded_max_tokens=20.0)  # fmt: skip
+        obs = load(0.2, 1000, 1.0, prefill=3)  # spare that would clear the queue in a steady load
+        obs = replace(obs, decode=replace(obs.decode, counts=counts, running=1.0),
+                      prefill=replace(obs.prefill, waiting_tokens=1000.0 if i == 6 else 0.0))  # fmt: skip
+        d = decide(obs, state, p, now=i * 5.0)
+        state = d.state
+    assert d is not None and "beyond" not in d.prefill.demand, d.prefill.demand
+    arrived = float(d.prefill.demand.split(" tok/s")[0])
+    assert d.prefill.load == pytest.approx(arrived + 1000.0 / 5, abs=0.5), d.prefill.demand
+
+
 def test_pods_not_yet_ready_count_toward_the_target() -> None:
     # Three decode pods desired, one Ready (two still loading): the same demand asks for nothing more.
     obs = load(1.5, 200, 5.0, decode=3)

@@ -10,10 +10,10 @@ time. In order:
    regime's, a floor under the lanes decoding now), over lanes x occupancy target. A longer wait for a remote KV,
    and requests queued behind it, are prefill's shortfall, not decode's; an engine that does not report max_tokens
    falls back to running + waiting less the lanes waiting for KV. Prefill: prompt tokens per second *arriving at
-   decode pods* plus the workers' backlog, over the tokens per busy second a worker computes (measured from its
-   own counters) x its utilization target. Arrivals, not served rates, so a load step that needs both roles moves
-   both in the same decision (a served rate would only rise after the other role had grown and let more
-   through).
+   decode pods* plus the workers' backlog beyond what they clear within the window at full speed, over the
+   tokens per busy second a worker computes (measured from its own counters) x its utilization target.
+   Arrivals, not served rates, so a load step that needs both roles moves both in the same decision (a served
+   rate would only rise after the other role had grown and let more through).
 2. **Targets are absolute counts**, compared with the role's current replicas, pods not yet Ready included: a slow
    NPU start is not seen as missing capacity, so there is no +1, +1, +1 cascade.
 3. **Missing data holds** (fail-static): a role whose Ready pods did not mostly answer keeps its count, except that
@@ -217,8 +217,18 @@ def _prefill_need(obs: Observations, speed: float | None, policy: Policy, rates:
         utilization = policy.utilization or UTILIZATION_RANGE[1]
         backlog_window = policy.interval_seconds
     if policy.coupled and speed and arrivals is not None and not _answered(d):
-        load = arrivals + p.waiting_tokens / backlog_window
-        demand = f"{arrivals:.0f} tok/s + {p.waiting_tokens:.0f} tok queued at {speed:.0f} tok/s per worker"
+        # In a steady load a queue is a shortfall only where the workers there, at full speed beside the arrivals,
+        # cannot clear it within the window: a prompt queued behind another (a Poisson clump) is not load. Pods
+        # still starting count, as in the targets. After a step the whole queue counts: the arrivals are read
+        # cautiously then, and the queue is the step's first evidence.
+        stepping = rates is not None and rates.stepping
+        spare = 0.0 if stepping else max(0.0, (p.replicas - p.unschedulable) * speed - arrivals) * backlog_window
+        backlog = max(0.0, p.waiting_tokens - spare)
+        load = arrivals + backlog / backlog_window
+        demand = f"{arrivals:.0f} tok/s + {p.waiting_tokens:.0f} tok queued"
+        if p.waiting_tokens and backlog < p.waiting_tokens:
+            demand += f" ({backlog:.0f} beyond what the workers clear in {backlog_window:.0f} s)"
+        demand += f" at {speed:.0f} tok/s per worker"
         return _Need(load, speed * utilization, False, demand)
     if p.busy_seconds_per_second is not None and not _answered(p):
         busy = p.busy_seconds_per_second

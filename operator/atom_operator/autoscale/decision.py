@@ -275,10 +275,8 @@ def _yield_to_prefill(
     Those lanes are prefill's shortfall showing in decode; where both targets do not fit, an NPU given to decode
     for them leaves the bottleneck as it is, and the same NPU given to prefill shortens their wait. Pace still
     bounds the step down."""
-    p_t, d_t = targets
-    bound = ("InsufficientNPUs" if room is not None and units(policy, p_t, d_t) > room
-             else "NPUBudget" if policy.npu_budget is not None and policy.cost(p_t, d_t) > policy.npu_budget
-             else "")  # fmt: skip
+    d_t = targets[1]
+    bound = _npu_bound(targets, policy, room)
     if not bound or hold or need is None or need.for_prefill <= 0:
         return d_t, ""
     b = policy.bounds
@@ -286,6 +284,15 @@ def _yield_to_prefill(
                      policy.tolerance)
     yielded = min(d_t, max(own, obs.replicas - policy.down_pods))
     return yielded, bound if yielded < d_t else ""
+
+
+def _npu_bound(targets: tuple[int, int], policy: Policy, room: int | None) -> str:
+    """Which NPU bound the pair exceeds, the cluster's room before the budget; '' for neither."""
+    if room is not None and units(policy, *targets) > room:
+        return "InsufficientNPUs"
+    if policy.npu_budget is not None and policy.cost(*targets) > policy.npu_budget:
+        return "NPUBudget"
+    return ""
 
 
 def units(policy: Policy, prefill: int, decode: int) -> int:
@@ -349,11 +356,11 @@ def _joint(
     pair = best[1]
     if pair == targets:
         return pair, ""
-    if room_left is not None and units(policy, p_t, d_t) > room_left:
-        return pair, "InsufficientNPUs"
-    within_budget = policy.npu_budget is None or policy.cost(p_t, d_t) <= policy.npu_budget
+    bound = _npu_bound(targets, policy, room_left)
+    if bound:
+        return pair, bound
     in_band = policy.band is None or policy.band.contains(p_t, d_t)
-    return pair, ("NPUBudget" if not within_budget else "RatioAdjusted" if not in_band else "Adjusted")
+    return pair, ("RatioAdjusted" if not in_band else "Adjusted")
 
 
 def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decision:

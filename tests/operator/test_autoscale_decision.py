@@ -348,6 +348,23 @@ def test_tolerance_keeps_a_count_near_its_need() -> None:
     assert decide(replace(obs, decode=replace(obs.decode, sequences=7.4 + 0.4)), State(), p, 0.0).decode.desired == 3
 
 
+def test_a_need_at_the_edge_of_a_drains_target_keeps_the_victim_cordoned() -> None:
+    # Decode 2 -> 1 is draining (the Deployment still counts the victim). 3.3 sequences is one pod's 3.2 and 3 %:
+    # within the tolerance of the count decode is heading to, so the victim stays cordoned; measured against the
+    # two pods still there it read as "2" and un-cordoned it, to cordon it again a window later (run 8's C3).
+    p = make_policy(npuBudget=None, decode={"minReplicas": 1, "maxReplicas": 3}, prefill=None, ratio=None)
+    history = {"decode": tuple((float(t), 1) for t in range(40, 100, 5))}
+    state = State(started=0.0, history=history, last_scale={"decode": 95.0}, desired={"decode": 1})
+    draining = DecodeObservation(replicas=2, ready=2, answered=2, draining=1, sequences=3.3)
+    assert decide(Observations(draining), state, p, now=100.0).decode.desired == 1
+    # The control: load that does return (3.8, 19 % over one pod) un-cordons at once.
+    returned = replace(draining, sequences=3.8)
+    assert decide(Observations(returned), state, p, now=100.0).decode.desired == 2
+    # Without a drain under way the tolerance is the current count's, as before: 3.3 on two pods asks for two.
+    assert decide(Observations(replace(draining, draining=0)), replace(state, desired={"decode": 2}), p,
+                  now=100.0).decode.desired == 2  # fmt: skip
+
+
 def test_pace_limits_pods_per_decision() -> None:
     p = make_policy(npuBudget=None, ratio=None, decode={"minReplicas": 1, "maxReplicas": 20})
     d = decide(load(5.0, 200, 5.0), State(), p, now=0.0)

@@ -236,12 +236,18 @@ def _prefill_need(obs: Observations, speed: float | None, policy: Policy, rates:
     return None
 
 
-def _recommend(need: _Need | None, current: int, lo: int, hi: int, tolerance: float) -> int:
+def _recommend(need: _Need | None, current: int, lo: int, hi: int, tolerance: float, heading: int | None = None) -> int:
+    """The count the need asks for; within the tolerance of the count the role is heading to, that count.
+
+    While a scale-down drains its victim, ``current`` still counts it and ``heading`` is the decision's count:
+    a need at the edge of that count (one pod's capacity read a little above it) keeps it, where measured against
+    ``current`` it would un-cordon the victim and cordon it again a window later."""
     if need is None:
         return min(hi, max(lo, current))
     exact = need.load / need.capacity
-    if current > 0 and abs(exact / current - 1) <= tolerance:
-        rec = current
+    toward = heading if heading is not None and 0 < heading < current else current
+    if toward > 0 and abs(exact / toward - 1) <= tolerance:
+        rec = toward
     else:
         rec = math.ceil(exact - 1e-9)
     if need.floor_only:
@@ -386,7 +392,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     else:
         unread = "decode" in missing and obs.decode.answered == 0
         d_need = None if unread else _decode_need(obs.decode, policy, rates, speed)
-        d_rec = _recommend(d_need, d_cur, b.decode_min, b.decode_max, policy.tolerance)
+        d_rec = _recommend(d_need, d_cur, b.decode_min, b.decode_max, policy.tolerance, state.desired.get("decode"))
         d_demand = d_need.demand if d_need else "no data"
 
     p_rec = p_cur = b.prefill_min
@@ -395,7 +401,9 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         p_cur = obs.prefill.replicas
         if policy.prefill_scaled:
             p_need = _prefill_need(obs, speed, policy, rates)
-            p_rec = _recommend(p_need, p_cur, b.prefill_min, b.prefill_max, policy.tolerance)
+            p_rec = _recommend(
+                p_need, p_cur, b.prefill_min, b.prefill_max, policy.tolerance, state.desired.get("prefill")
+            )
         else:
             p_cur = p_rec = b.prefill_min
     state = replace(state, tokens_per_busy_second=speed)

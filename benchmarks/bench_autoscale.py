@@ -52,6 +52,7 @@ OCCUPANCY = 0.80
 UTILIZATION = 0.70
 BAND = ((1, 3), (3, 1))  # (prefill, decode) pairs: fewest and most prefill per decode
 BOUNDS = {"decode": (1, 3), "prefill": (1, 3)}
+NODE_NPUS = 4  # the real node's device plugin (its default --devices), one NPU a pod
 AUTOSCALING = {
     "mode": "Operator",
     "intervalSeconds": INTERVAL,
@@ -91,13 +92,25 @@ DECODE_PHASES = [
     {"name": "B decode-heavy", "seconds": 150, "rate": 1.5, "isl": 200, "osl": 100},
     *LONG_STREAMS,
 ]
+# E1, E2: prefill scale-downs whose victim is busy. A worker computes one prompt at a time and the operator drains
+# the idlest, so a scale-down on load falling leaves the victim idle (every run before showed it). Here the load does
+# not fall: streams join C3's prompts (more of them), both targets become 3 (decode 7.5 lanes / 3.2, prefill 2.55
+# busy / 0.7), and the node's 4 NPUs hold 2+2 at best. Decode's second pod stays Pending until the operator learns the
+# room (60 s in E1; remembered for 300 s, so at once in E2), then prefill gives up a worker while its three are 85 %
+# busy. C3b between them returns to 3+1 (decode drains a pod whose lanes wait for prefill). After the shrink the two
+# workers are 0.55 worker-seconds a second short, hence E2's 90 s: its queue stays within the KV fetch's response
+# timeout.
+BEYOND_THE_NODE = {"rate": 1.5, "isl": 850, "osl": 67, "mix": [[5, 1000, 20], [1, 100, 300]]}
 PREFILL_PHASES = [
     {"name": "C3 prefill-heavy", "seconds": 150, "rate": 1.0, "isl": 1000, "osl": 20},
+    {"name": "E1 streams join, beyond the node", "seconds": 150, **BEYOND_THE_NODE},
+    {"name": "C3b prefill-heavy again", "seconds": 120, "rate": 1.0, "isl": 1000, "osl": 20},
+    {"name": "E2 streams join again", "seconds": 90, **BEYOND_THE_NODE},
     {"name": "C2 prefill, less", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20},
     {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20},
     # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s of decode
     # and 1.2 s of prompts computing = 6.7 lanes / 3.2 -> 3; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+3:
-    # more than the node's 4 NPUs, so InsufficientNPUs shares them).
+    # more than the node's 4 NPUs, so InsufficientNPUs shares them: 2+2, which expected() gives).
     {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
 ]
 # --phases drains: scale-downs whose victims are busy (the decode ones: LONG_STREAMS above).
@@ -144,7 +157,7 @@ def load_of(phase: dict) -> str:
     return f"closed loop {phase['concurrency']}" if phase.get("concurrency") else f"{phase['rate']}"
 
 
-def expected(phase: dict) -> tuple[int, int]:
+def targets(phase: dict) -> tuple[int, int]:
     """The pacing arithmetic: decode holds a lane for isl x 2 ms while a worker computes the prompt, then for
     osl x 50 ms (a longer wait for a remote KV is prefill's shortfall, not decode demand), 4 lanes at 80 %; prefill
     2 ms a token at 70 %. (prefill, decode)."""
@@ -156,6 +169,22 @@ def expected(phase: dict) -> tuple[int, int]:
     d = min(BOUNDS["decode"][1], max(BOUNDS["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
     p = min(BOUNDS["prefill"][1], max(BOUNDS["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))
     return p, d
+
+
+def expected(phase: dict) -> tuple[int, int]:
+    """The optimum the node can hold: the targets where they fit its NPUs (one a pod), else the pair inside the
+    bounds and the band that serves the larger share of the worse-served role (max of min(got / target)), then
+    the one with fewer pods. What a platform team would pick by hand for a load beyond the node."""
+    p_t, d_t = targets(phase)
+    if p_t + d_t <= NODE_NPUS:
+        return p_t, d_t
+    pairs = [
+        (p, d)
+        for p in range(BOUNDS["prefill"][0], BOUNDS["prefill"][1] + 1)
+        for d in range(BOUNDS["decode"][0], BOUNDS["decode"][1] + 1)
+        if p + d <= NODE_NPUS and in_band(p, d)
+    ]
+    return max(pairs, key=lambda pd: (min(min(1, pd[0] / p_t), min(1, pd[1] / d_t)), -(pd[0] + pd[1])))
 
 
 def in_band(p: int, d: int) -> bool:
@@ -666,6 +695,7 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             return f"{ttft[min(len(ttft) - 1, int(x * len(ttft)))]:.2f}" if ttft else "-"
 
         exp = expected(p)
+        fitted = f" (targets {'+'.join(map(str, targets(p)))}; {NODE_NPUS} NPUs)" if exp != targets(p) else ""
         tl = [s for s in obs.timeline if t_a <= s["t"] < t_b]
         last = tl[-1] if tl else None
         des = (last["desired"]["prefill"], last["desired"]["decode"]) if last else (None, None)
@@ -678,7 +708,7 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         phase_rows.append({"name": name, "expected": exp, "desired": des, "changes": changes, "t": t_a, "end": t_b})
         w(
             f"| {name} | {p['seconds']} | {load_of(p)} | {shape_of(p)} | {len(rs)} | {len(failed(rs))} |"
-            f" {q(0.5)} / {q(0.9)} | {exp[0]}+{exp[1]} | {des[0]}+{des[1]} | {rdy[0]}+{rdy[1]} |"
+            f" {q(0.5)} / {q(0.9)} | {exp[0]}+{exp[1]}{fitted} | {des[0]}+{des[1]} | {rdy[0]}+{rdy[1]} |"
             f" {changes['prefill']} / {changes['decode']} |"
         )
     all_failed = failed(reqs)

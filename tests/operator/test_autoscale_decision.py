@@ -204,14 +204,19 @@ def decide_steadily(obs: Observations, p: Policy, intervals: int = 8) -> Decisio
 def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() -> None:
     """The real node's C3: prefill needs 3 workers (1000 tok/s at 350), decode 2 pods for 4 lanes of which 2 only
     wait for prefill. Where 3+2 fits, both get their targets; where the cluster placed 4 (a third worker stays
-    Pending), the NPU goes to the bottleneck: 3+1, not 2+2."""
-    p = make_policy(npuBudget=None, ratio=None)
-    free = decide_steadily(steady(prefill=3, decode=2), p)
+    Pending), the NPU goes to the bottleneck: 3+1, not 2+2, once decode's down window has passed (a yield is a
+    scale-down like any other)."""
+    p = make_policy(npuBudget=None, ratio=None)  # a 60 s down window
+    free = decide_steadily(steady(prefill=3, decode=2), p, intervals=16)
     assert pair(free) == (3, 2), free.reason
     assert condition(free, "ScalingLimited") == ("False", "DesiredWithinRange")
 
-    bound = decide_steadily(steady(prefill=3, decode=2, stuck=1), p)
-    assert (bound.prefill.recommended, bound.decode.recommended) == (3, 2)
+    held = decide_steadily(steady(prefill=3, decode=2, stuck=1), p, intervals=8)  # 35 s: inside the window
+    assert (held.prefill.recommended, held.decode.recommended) == (3, 1)
+    assert pair(held) == (2, 2), held.reason
+    assert condition(held, "AbleToScale") == ("True", "StabilizationWindow")
+
+    bound = decide_steadily(steady(prefill=3, decode=2, stuck=1), p, intervals=16)  # 75 s
     assert pair(bound) == (3, 1), bound.reason
     assert condition(bound, "ScalingLimited") == ("True", "InsufficientNPUs")
     message = next(c for c in bound.conditions if c.type == "ScalingLimited").message
@@ -221,10 +226,35 @@ def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() 
     # The same lanes decoding for themselves (no KV awaited) hold decode's pods: the room is shared by need, 2:2.
     own = steady(prefill=3, decode=2, stuck=1)
     own = replace(own, decode=replace(own.decode, waiting_for_kv=0.0))
-    assert pair(decide_steadily(own, p)) == (2, 2)
+    assert pair(decide_steadily(own, p, intervals=16)) == (2, 2)
     # A budget binds the same way.
-    budget = decide_steadily(steady(prefill=3, decode=2), make_policy(npuBudget=4, ratio=None))
+    budget = decide_steadily(steady(prefill=3, decode=2), make_policy(npuBudget=4, ratio=None), intervals=16)
     assert pair(budget) == (3, 1) and condition(budget, "ScalingLimited") == ("True", "NPUBudget"), budget.reason
+
+
+def test_lanes_waiting_for_prefill_that_come_and_go_move_no_pod() -> None:
+    """Run 9's E1: with the NPUs bound, the lanes waiting for a worker's KV read 0 in one interval and 1-2 in the
+    next. The yield followed each reading at once (2+2, 3+1, 2+2, ... every 25 s, a worker drained and started
+    each time); as a recommendation inside the down window, decode keeps its pods until the yield has held a
+    whole window."""
+    p = make_policy(npuBudget=None, ratio=None)
+    waiting = steady(prefill=3, decode=2, stuck=1)
+    decoding = replace(waiting, decode=replace(waiting.decode, waiting_for_kv=0.0))
+    state, pairs = State(started=-1000.0), []
+    for i in range(24):  # two minutes
+        obs = decoding if i % 3 == 0 else waiting  # no lane waits in one interval of three
+        obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=i * 5.0)))
+        d = decide(obs, state, p, now=i * 5.0)
+        state, pairs = d.state, [*pairs, pair(d)]
+    assert set(pairs) == {(2, 2)}, pairs
+    # The control: the yield that holds for a window does move decode's pod (3+1 after 60 s of it).
+    state, pairs = State(started=-1000.0), []
+    for i in range(16):
+        obs = decoding if i == 0 else waiting
+        obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=i * 5.0)))
+        d = decide(obs, state, p, now=i * 5.0)
+        state, pairs = d.state, [*pairs, pair(d)]
+    assert pairs[0] == (2, 2) and pairs[-1] == (3, 1), pairs
 
 
 def test_a_queue_the_workers_clear_within_the_window_adds_no_worker() -> None:

@@ -28,8 +28,9 @@ time. In order:
    requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
    pods that cannot run (``ScalingLimited/InsufficientNPUs``). When the memory lapses the decision asks again, as
-   a probe. Where the room or the budget cannot hold both targets, decode's lanes that only wait for prefill are
-   left out of its target: they are prefill's shortfall, and an NPU given to prefill shortens their wait.
+   a probe. Where the room or the budget cannot hold both roles' recommendations, decode's lanes that only wait
+   for prefill are left out of its recommendation (before step 4, so lowering decode for them waits for its down
+   window): they are prefill's shortfall, and an NPU given to prefill shortens their wait.
 """
 
 from __future__ import annotations
@@ -274,22 +275,22 @@ def _stabilize(
 
 
 def _yield_to_prefill(
-    targets: tuple[int, int], need: _Need | None, obs: DecodeObservation, policy: Policy, room: int | None,
-    hold: bool,
+    recommended: tuple[int, int], need: _Need | None, obs: DecodeObservation, policy: Policy, room: int | None,
+    hold: bool, heading: int | None,
 ) -> tuple[int, str]:
-    """Decode's target when the NPUs bind (and which bound binds): without the lanes that only wait for prefill.
-    Those lanes are prefill's shortfall showing in decode; where both targets do not fit, an NPU given to decode
-    for them leaves the bottleneck as it is, and the same NPU given to prefill shortens their wait. Pace still
-    bounds the step down."""
-    d_t = targets[1]
-    bound = _npu_bound(targets, policy, room)
+    """Decode's recommendation when the NPUs bind (and which bound binds): without the lanes that only wait for
+    prefill. Those lanes are prefill's shortfall showing in decode; where both roles' needs do not fit, an NPU
+    given to decode for them leaves the bottleneck as it is, and the same NPU given to prefill shortens their
+    wait. A recommendation, not a target: lowering decode waits for its down window like any scale-down, so a
+    count of lanes waiting that comes and goes between intervals does not move a pod each time."""
+    d_rec = recommended[1]
+    bound = _npu_bound(recommended, policy, room)
     if not bound or hold or need is None or need.for_prefill <= 0:
-        return d_t, ""
+        return d_rec, ""
     b = policy.bounds
     own = _recommend(replace(need, load=need.load - need.for_prefill), obs.replicas, b.decode_min, b.decode_max,
-                     policy.tolerance)
-    yielded = min(d_t, max(own, obs.replicas - policy.down_pods))
-    return yielded, bound if yielded < d_t else ""
+                     policy.tolerance, heading)  # fmt: skip
+    return (own, bound) if own < d_rec else (d_rec, "")
 
 
 def _npu_bound(targets: tuple[int, int], policy: Policy, room: int | None) -> str:
@@ -408,6 +409,15 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
             p_cur = p_rec = b.prefill_min
     state = replace(state, tokens_per_busy_second=speed)
 
+    # 6 first, for the yield: what the cluster showed it can place.
+    state = _capacity(obs, state, policy, now)
+    room = state.capacity[0] if state.capacity else None
+    d_full, bound = d_rec, ""
+    if policy.prefill_scaled and obs.prefill is not None:
+        hold = external or "decode" in missing or obs.decode.rolling_out
+        d_rec, bound = _yield_to_prefill((p_rec, d_rec), d_need, obs.decode, policy, room, hold,
+                                         state.desired.get("decode"))  # fmt: skip
+
     # 4: windows and pace; missing data and rollouts never shrink a role.
     d_stable, d_hist = (
         (d_rec, ()) if external else _stabilize(
@@ -420,12 +430,8 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         p_stable, p_hist = _stabilize("prefill", p_rec, p_cur, state, policy, now, hold)
 
     # 5-6: band, budget and the cluster's room together.
-    state = _capacity(obs, state, policy, now)
-    room = state.capacity[0] if state.capacity else None
     if policy.prefill_scaled and obs.prefill is not None:
-        hold = external or "decode" in missing or obs.decode.rolling_out
-        d_target, bound = _yield_to_prefill((p_stable, d_stable), d_need, obs.decode, policy, room, hold)
-        (p_new, d_new), limit = _joint((p_stable, d_target), policy, external, room)
+        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
             d_demand += f"; {d_need.for_prefill:.1f} of them wait for prefill, yielded to it as the NPUs bind"
@@ -455,8 +461,9 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     if obs.prefill is not None:
         demand = p_need.demand if p_need else "fixed" if not policy.prefill_scaled else "no data"
         prefill = RoleDecision(p_cur, p_rec, p_new, demand, p_need.load if p_need else None)
-    conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), limit, policy,
-                             state)  # fmt: skip
+    wanted = (p_stable, max(d_stable, d_full) if bound else d_stable)  # the targets before a yield
+    conditions = _conditions(obs, missing, (d_need, p_need), decode, prefill, (d_stable, p_stable), wanted, limit,
+                             policy, state)  # fmt: skip
     return Decision(decode, prefill, _reason(decode, prefill, limit, missing), conditions, state, tuple(scaled))
 
 
@@ -471,7 +478,7 @@ def _limit_at_bounds(role: str, need: _Need | None, lo: int, hi: int) -> str:
     return ""
 
 
-def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy, state) -> tuple[Condition, ...]:
+def _conditions(obs, missing, needs, decode, prefill, stable, wanted, limit, policy, state) -> tuple[Condition, ...]:
     b = policy.bounds
     if missing:
         active = Condition(
@@ -483,7 +490,7 @@ def _conditions(obs, missing, needs, decode, prefill, stable, limit, policy, sta
     limits = []
     if limit:
         got = (prefill.desired if prefill else 0, decode.desired)
-        wanted = (stable[1] if prefill else 0, stable[0])
+        wanted = wanted if prefill else (0, wanted[1])
         why = f"{limit}: the pair {got[0]}:{got[1]} (prefill:decode), not the targets {wanted[0]}:{wanted[1]}"
         if limit == "NPUBudget":
             why += (f": they need {policy.cost(*wanted)} NPUs, autoscaling.npuBudget is {policy.npu_budget}"

@@ -119,6 +119,10 @@ bench-autoscale-sim: venv ## the autoscaling decision on a simulated fleet: coup
 bench-autoscale-scrape: venv ## the autoscaler's own cost: 100 deployments x 4 loopback pods scraped and decided every 5 s; writes benchmarks/results/autoscaling-scrape.md
 	$(PY) benchmarks/bench_autoscale_scrape.py
 
+.PHONY: bench-autoscale-fleet
+bench-autoscale-fleet: venv tools ## the operator process's cost with autoscaling on vs off: 100 AtomDeployments x 4 loopback pods scraped every 5 s, reconcile latency, CPU and writes, interleaved rounds (~10 min); writes benchmarks/results/autoscaling-fleet.md
+	$(PY) benchmarks/bench_autoscale_fleet.py $(BENCH_ARGS)
+
 .PHONY: bench-autoscale
 bench-autoscale: prereqs venv tools ## the autoscaler end to end on the real-kubelet node: helm operator, paced engines, Poisson and closed-loop phases, drains and the negative control (~25 min, root, docker); writes benchmarks/results/autoscaling.md
 	$(PY) benchmarks/bench_autoscale.py $(BENCH_ARGS)

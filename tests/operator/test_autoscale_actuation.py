@@ -322,6 +322,28 @@ async def test_decisions_that_change_nothing_write_nothing(monkeypatch: pytest.M
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_the_words_that_describe_the_load_are_refreshed_not_written_at_every_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from atom_operator.autoscale.loop import WORDS_REFRESH_SECONDS
+
+    owners = {KEY: autoscaled_owner()}
+    running, clock = [2.0], [1000.0]
+    scaler, _ = autoscaler(monkeypatch, owners, running, clock)
+    await scaler.step(KEY)
+    assert len(scaler.kube.status_writes) == 1
+    running[0] = 1.8  # 3.6 sequences instead of 4.0: the same counts, other words
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert len(scaler.kube.status_writes) == 1
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["demand"].startswith("4.0 sequences")
+    clock[0] += WORDS_REFRESH_SECONDS - 15  # the refresh is due
+    await scaler.step(KEY)
+    assert len(scaler.kube.status_writes) == 2
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["demand"].startswith("3.6 sequences")
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_hpa_conditions_go_to_status_conditions_through_the_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
     from atom_operator import status
     from atom_operator.api import AtomDeployment

@@ -4,10 +4,11 @@ It plugs into the operator through three small seams: it sees pods as the inform
 beside the controller), the reconciler asks it for each role's replicas (:meth:`Autoscaler.replicas`, applied by
 :func:`with_replicas` before the children are built), and it asks the controller to reconcile a key again when
 they changed. Everything it writes itself is on pods (the accepting label, the drain's annotations) and
-``status.autoscaling``, a key no other writer touches, and only when what it says changed (an idle operator writes
-nothing). Its conditions (HPA's ScalingActive, ScalingLimited, AbleToScale) go in ``status.conditions`` beside
-Ready, where ``kubectl describe`` and ``kubectl wait`` read them: the reconciler writes that list whole, so it asks
-the autoscaler for them (:meth:`Autoscaler.conditions`) as it asks for the replicas.
+``status.autoscaling``, a key no other writer touches, and only when what it decided changed (an idle operator
+writes nothing; the words that describe the load are refreshed every ``WORDS_REFRESH_SECONDS``). Its conditions
+(HPA's ScalingActive, ScalingLimited, AbleToScale) go in ``status.conditions`` beside Ready, where ``kubectl
+describe`` and ``kubectl wait`` read them: the reconciler writes that list whole, so it asks the autoscaler for
+them (:meth:`Autoscaler.conditions`) as it asks for the replicas.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ CONDITION_TYPES = ("ScalingActive", "ScalingLimited", "AbleToScale")
 UNSCHEDULABLE_SECONDS = 60.0
 # Fields of status.autoscaling that change with every decision: a write is due only when something else changed.
 STAMPS = ("lastDecisionTime",)
+# Its words (each role's demand, the reason) and the conditions' messages follow every reading (a load to one
+# decimal) where the counts, the statuses and the reasons do not: written at once when those change, the words
+# only refreshed this often. Written with every decision, a fleet of 100 wrote its status twice a decision, and
+# each write woke the reconciler (benchmarks/results/autoscaling-fleet.md).
+WORDS = ("demand", "reason")
+WORDS_REFRESH_SECONDS = 30.0
 
 
 def with_replicas(owner: Owner, replicas: Mapping[WorkloadRole, int] | None) -> Owner:
@@ -118,20 +125,29 @@ class _Tracked:
     samples: dict[str, Sample] = field(default_factory=dict)  # pod -> its last scrape
     drains: set[str] = field(default_factory=set)
     conditions: tuple[Condition, ...] = ()  # the last decision's, for the reconciler's status.conditions
+    conditions_at: float = float("-inf")  # when they were last taken for it
     written: dict[str, Any] | None = None  # status.autoscaling as last written, without STAMPS
+    written_at: float = float("-inf")
 
 
-def _content(autoscaling: dict[str, Any] | None) -> dict[str, Any]:
-    """status.autoscaling as compared for a write: no per-decision stamps, no nulls (a merge patch drops them)."""
+def _content(autoscaling: dict[str, Any] | None, words: bool = True) -> dict[str, Any]:
+    """status.autoscaling as compared for a write: no per-decision stamps, no nulls (a merge patch drops them);
+    without ``words``, only what a decision decided (no demand, no reason)."""
+    dropped = STAMPS if words else STAMPS + WORDS
 
     def clean(v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items() if x is not None}
+            return {k: clean(x) for k, x in v.items() if x is not None and k not in dropped}
         if isinstance(v, list):
             return [clean(x) for x in v]
         return v
 
-    return clean({k: v for k, v in (autoscaling or {}).items() if k not in STAMPS})
+    return clean(autoscaling or {})
+
+
+def _decided(conditions: tuple[Condition, ...]) -> tuple[tuple[str, str, str], ...]:
+    """What the conditions say without their messages."""
+    return tuple((c.type, c.status, c.reason) for c in conditions)
 
 
 def direction(role: str, r: RoleDecision, d: Decision) -> str:
@@ -304,8 +320,11 @@ class Autoscaler:
             self._record(key, decision)
             await self._post_status(key, decision, now)
         changed = False
-        if due and tracked.conditions != decision.conditions:
-            tracked.conditions = decision.conditions
+        if due and tracked.conditions != decision.conditions and (
+            _decided(tracked.conditions) != _decided(decision.conditions)
+            or now - tracked.conditions_at >= WORDS_REFRESH_SECONDS
+        ):
+            tracked.conditions, tracked.conditions_at = decision.conditions, now
             changed = True  # the reconciler writes them into status.conditions
         for role in roles:
             desired = tracked.desired.get(role, current[role])
@@ -401,15 +420,19 @@ class Autoscaler:
         status = {"lastDecisionTime": _rfc3339(now), **roles, "reason": d.reason[:1024], "conditions": None,
                   "currentRatio": f"{d.prefill.desired}:{d.decode.desired}" if d.prefill else None}  # fmt: skip
         content = _content(status)
-        stored = _content(((self.owners.get(key) or {}).get("status") or {}).get("autoscaling"))
-        if content not in (tracked.written, stored):
+        stored = ((self.owners.get(key) or {}).get("status") or {}).get("autoscaling")
+        decided = _content(status, words=False)
+        words_only = decided in (_content(tracked.written, words=False), _content(stored, words=False))
+        if content not in (tracked.written, _content(stored)) and (
+            not words_only or now - tracked.written_at >= WORDS_REFRESH_SECONDS
+        ):
             try:
                 await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
             except KubeError as e:
                 if e.status != 404:
                     raise
             else:
-                tracked.written = content
+                tracked.written, tracked.written_at = content, now
         if d.scaled:
             body = self.owners.get(key)
             if body is not None:

@@ -43,6 +43,7 @@ from atom_localcluster.operator import USER, OperatorProcess
 from atom_localcluster.wait import wait_for
 from atom_operator.api import GROUP, PLURAL, VERSION
 from bench_autoscale_scrape import SERVER, address
+from bench_operator import cpu_seconds
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.config import new_client_from_config
 from kubernetes.watch import Watch
@@ -161,11 +162,6 @@ def converged(objects: CustomObjectsApi, n: int, mode: str) -> bool:
 
 
 # ---- what is measured -------------------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def operator_samples(op: OperatorProcess) -> dict[tuple[str, tuple], float]:
     """The operator's /metrics as {(sample name, sorted labels): value}."""
     out = {}
@@ -196,22 +192,6 @@ def histogram_quantile(q: float, before: dict, after: dict, histogram: str) -> f
             return lower + (bound - lower) * (rank - below) / max(count - below, 1e-9)
         lower, below = bound, count
     return lower
-
-
-class AuditTail:
-    """The API server's audited writes, read on from where the last call stopped (the log only grows)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def new_writes(self) -> list[dict]:
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        complete = data.rfind(b"\n") + 1  # a line being written stays for the next call
-        self.offset += complete
-        events = (json.loads(line) for line in data[:complete].splitlines() if line.strip())
-        return [e for e in events if e.get("stage") == "ResponseComplete"]
 
 
 def stamp(event: dict) -> float:
@@ -304,11 +284,9 @@ class Round:
     load: str = ""
 
 
-def quiet_window(r: Round, op: OperatorProcess, cluster: Cluster, helper: subprocess.Popen, audit: AuditTail,
-                 seconds: float) -> None:  # fmt: skip
+def quiet_window(r: Round, op: OperatorProcess, cluster: Cluster, helper: subprocess.Popen, seconds: float) -> None:
     """CPU, writes and the operator's own counters over ``seconds`` in which nothing but the mode's work happens."""
     pids = {"operator": op.proc.pid, "apiserver": cluster.component("kube-apiserver").proc.pid, "helper": helper.pid}
-    audit.new_writes()  # what came before the window is not counted
     metrics = operator_samples(op)
     cpu = {k: cpu_seconds(p) for k, p in pids.items()}
     began = time.time()
@@ -319,7 +297,7 @@ def quiet_window(r: Round, op: OperatorProcess, cluster: Cluster, helper: subpro
     r.load = Path("/proc/loadavg").read_text().split()[0]
     time.sleep(2)  # writes received inside the window but audited after it
     per_minute = 60 / seconds
-    r.writes = {k: round(v * per_minute) for k, v in operator_writes(audit.new_writes(), began, ended).items()}
+    r.writes = {k: round(v * per_minute) for k, v in operator_writes(cluster.write_requests(), began, ended).items()}
     r.operator_cpu, r.apiserver_cpu, r.helper_cpu = cpu["operator"], cpu["apiserver"], cpu["helper"]
     r.reconciles = delta(metrics, after, "atom_operator_reconciles_total") * per_minute
     scrapes = "atom_autoscaler_scrape_seconds"
@@ -434,7 +412,6 @@ def measure(cluster: Cluster, op: OperatorProcess, helper: subprocess.Popen, arg
     objects, core = clients(cluster)
     services = ServiceWatch(clients(cluster)[1])  # its own connection: a watch holds one open
     services.start()
-    audit = AuditTail(cluster.audit_log)
     rounds = []
     for k, mode in enumerate(["Off", "Operator"] * args.rounds):
         r = Round(mode)
@@ -444,7 +421,7 @@ def measure(cluster: Cluster, op: OperatorProcess, helper: subprocess.Popen, arg
                  interval=2)  # fmt: skip
         print(f"round {k + 1}: {mode} converged in {time.monotonic() - began:.0f} s", flush=True)
         time.sleep(SETTLE)
-        quiet_window(r, op, cluster, helper, audit, args.window)
+        quiet_window(r, op, cluster, helper, args.window)
         r.latencies = reconcile_latencies(objects, services, args.count, 8100 + k)
         r.on_loopback = pods_on_loopback(core)
         print(round_row(k + 1, r, args.count), flush=True)

@@ -221,7 +221,7 @@ def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() 
     assert condition(bound, "ScalingLimited") == ("True", "InsufficientNPUs")
     message = next(c for c in bound.conditions if c.type == "ScalingLimited").message
     assert "the pair 3:1 (prefill:decode), not the targets 3:2" in message, message
-    assert "2.0 of them wait for prefill, yielded to it as the NPUs bind" in bound.decode.demand, bound.decode.demand
+    assert "lanes wait for prefill and the NPUs bind: 1 pod at full occupancy" in bound.decode.demand, bound.reason
 
     # The same lanes decoding for themselves (no KV awaited) hold decode's pods: the room is shared by need, 2:2.
     own = steady(prefill=3, decode=2, stuck=1)
@@ -235,8 +235,9 @@ def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() 
 def test_lanes_waiting_for_prefill_that_come_and_go_move_no_pod() -> None:
     """Run 9's E1: with the NPUs bound, the lanes waiting for a worker's KV read 0 in one interval and 1-2 in the
     next. The yield followed each reading at once (2+2, 3+1, 2+2, ... every 25 s, a worker drained and started
-    each time); as a recommendation inside the down window, decode keeps its pods until the yield has held a
-    whole window."""
+    each time). As a recommendation inside the down window, decode keeps its pods until the yield has held a
+    whole window, and once it has, a reading with no lane waiting does not undo it (run 10's E2: 3+1, 2+2 at
+    once): the pair moves once."""
     p = make_policy(npuBudget=None, ratio=None)
     waiting = steady(prefill=3, decode=2, stuck=1)
     decoding = replace(waiting, decode=replace(waiting.decode, waiting_for_kv=0.0))
@@ -246,15 +247,28 @@ def test_lanes_waiting_for_prefill_that_come_and_go_move_no_pod() -> None:
         obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=i * 5.0)))
         d = decide(obs, state, p, now=i * 5.0)
         state, pairs = d.state, [*pairs, pair(d)]
-    assert set(pairs) == {(2, 2)}, pairs
-    # The control: the yield that holds for a window does move decode's pod (3+1 after 60 s of it).
+    changes = [b for a, b in zip(pairs, pairs[1:], strict=False) if a != b]
+    assert pairs[0] == (2, 2) and changes == [(3, 1)], pairs
+    # Inside the window nothing moves; the control, lanes that never waited, never moves at all.
+    assert set(pairs[:12]) == {(2, 2)}, pairs
     state, pairs = State(started=-1000.0), []
-    for i in range(16):
-        obs = decoding if i == 0 else waiting
-        obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=i * 5.0)))
+    for i in range(24):
+        obs = replace(decoding, decode=replace(decoding.decode, counts=replace(decoding.decode.counts, end=i * 5.0)))
         d = decide(obs, state, p, now=i * 5.0)
         state, pairs = d.state, [*pairs, pair(d)]
-    assert pairs[0] == (2, 2) and pairs[-1] == (3, 1), pairs
+    assert set(pairs) == {(2, 2)}, pairs
+
+
+def test_a_yield_never_leaves_decode_fewer_lanes_than_its_requests_hold() -> None:
+    """Runs 9 and 10's E phases: decode held 4.2-4.6 lanes (streams decoding, prompts being computed), some
+    waiting for prefill, with 4 NPUs for targets 3+3. Yielding the lanes that wait took decode to one pod of 4
+    lanes and made it the bottleneck; at full occupancy it keeps 2, and the room is shared by need, 2+2. At 4.0
+    lanes (C3) one pod holds them all and the NPU goes to prefill, 3+1."""
+    p = make_policy(npuBudget=None, ratio=None)
+    e2 = steady(prefill=3, decode=2, stuck=1)
+    e2 = replace(e2, decode=replace(e2.decode, running=4.6, sequences=5.6))
+    assert pair(decide_steadily(e2, p, intervals=16)) == (2, 2)
+    assert pair(decide_steadily(steady(prefill=3, decode=2, stuck=1), p, intervals=16)) == (3, 1)
 
 
 def test_a_queue_the_workers_clear_within_the_window_adds_no_worker() -> None:

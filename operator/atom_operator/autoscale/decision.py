@@ -28,9 +28,10 @@ time. In order:
    requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
    pods that cannot run (``ScalingLimited/InsufficientNPUs``). When the memory lapses the decision asks again, as
-   a probe. Where the room or the budget cannot hold both roles' recommendations, decode's lanes that only wait
-   for prefill are left out of its recommendation (before step 4, so lowering decode for them waits for its down
-   window): they are prefill's shortfall, and an NPU given to prefill shortens their wait.
+   a probe. Where the room or the budget cannot hold both roles' recommendations and decode's lanes waited for
+   prefill within its down window, decode gives prefill its headroom: its recommendation is taken at full
+   occupancy, never fewer pods than the lanes its requests hold (before step 4, so lowering decode for it waits
+   for its down window, and so does undoing it).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class State:
     tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
     arrivals: Window = field(default_factory=Window)
     capacity: tuple[int, float] | None = None  # (units the cluster placed, until when they bound the pairs)
+    waited_for_prefill: float | None = None  # when decode's lanes last waited for a prefill worker
 
 
 @dataclass(frozen=True)
@@ -276,21 +278,25 @@ def _stabilize(
 
 def _yield_to_prefill(
     recommended: tuple[int, int], need: _Need | None, obs: DecodeObservation, policy: Policy, room: int | None,
-    hold: bool, heading: int | None,
+    hold: bool, heading: int | None, waited: bool,
 ) -> tuple[int, str]:
-    """Decode's recommendation when the NPUs bind (and which bound binds): without the lanes that only wait for
-    prefill. Those lanes are prefill's shortfall showing in decode; where both roles' needs do not fit, an NPU
-    given to decode for them leaves the bottleneck as it is, and the same NPU given to prefill shortens their
-    wait. A recommendation, not a target: lowering decode waits for its down window like any scale-down, so a
-    count of lanes waiting that comes and goes between intervals does not move a pod each time."""
+    """Decode's recommendation when the NPUs bind (and which bound binds): at full occupancy, its headroom given to
+    prefill, while its lanes have waited for prefill within the down window. Those waits are prefill's shortfall
+    showing in decode; where both roles' needs do not fit, an NPU kept for decode's headroom leaves the bottleneck
+    as it is, and the same NPU given to prefill shortens the wait. Never fewer pods than the lanes decode's
+    requests hold: lanes held while a worker computes a prompt are decode's own (no worker count shortens one
+    prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's E phases, 4.2-4.6 lanes
+    yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering decode waits for its
+    down window like any scale-down, and ``waited`` spans the window, so a reading with no lane waiting does not
+    undo it at once."""
     d_rec = recommended[1]
     bound = _npu_bound(recommended, policy, room)
-    if not bound or hold or need is None or need.for_prefill <= 0:
+    if not bound or hold or need is None or not waited:
         return d_rec, ""
     b = policy.bounds
-    own = _recommend(replace(need, load=need.load - need.for_prefill), obs.replicas, b.decode_min, b.decode_max,
-                     policy.tolerance, heading)  # fmt: skip
-    return (own, bound) if own < d_rec else (d_rec, "")
+    full = _recommend(replace(need, capacity=float(policy.lanes)), obs.replicas, b.decode_min, b.decode_max,
+                      policy.tolerance, heading)  # fmt: skip
+    return (full, bound) if full < d_rec else (d_rec, "")
 
 
 def _npu_bound(targets: tuple[int, int], policy: Policy, room: int | None) -> str:
@@ -413,10 +419,13 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     state = _capacity(obs, state, policy, now)
     room = state.capacity[0] if state.capacity else None
     d_full, bound = d_rec, ""
+    if d_need is not None and d_need.for_prefill > 0:
+        state = replace(state, waited_for_prefill=now)
     if policy.prefill_scaled and obs.prefill is not None:
         hold = external or "decode" in missing or obs.decode.rolling_out
+        waited = state.waited_for_prefill is not None and now - state.waited_for_prefill <= policy.down_window
         d_rec, bound = _yield_to_prefill((p_rec, d_rec), d_need, obs.decode, policy, room, hold,
-                                         state.desired.get("decode"))  # fmt: skip
+                                         state.desired.get("decode"), waited)  # fmt: skip
 
     # 4: windows and pace; missing data and rollouts never shrink a role.
     d_stable, d_hist = (
@@ -434,7 +443,8 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
         (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
-            d_demand += f"; {d_need.for_prefill:.1f} of them wait for prefill, yielded to it as the NPUs bind"
+            pods = f"{d_rec} pod" + ("s" if d_rec != 1 else "")
+            d_demand += f"; lanes wait for prefill and the NPUs bind: {pods} at full occupancy"
     else:
         fixed = replace(policy, band=None, bounds=replace(b, prefill_min=p_cur, prefill_max=p_cur))
         (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, external, room)

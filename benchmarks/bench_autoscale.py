@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,19 @@ DECODE_PHASES = [
 # 1.25 prompts/s (2.55 busy): two workers could not keep up, and the queue lasted into C1; 1.0/s is 1.03 of two
 # workers' speed.
 BEYOND_THE_NODE = {"rate": 1.25, "isl": 820, "osl": 76, "mix": [[4, 1000, 20], [1, 100, 300]]}
+# H1, H2: prefill scale-downs whose victims are busy at the cordon. The operator drains the idlest worker, and a
+# worker computes one prompt at a time, so a scale-down on load falling finds an idle one (runs 5 to 10: 0 to 3 busy
+# a run, most of them from the yield's flips). A platform team lowering the cap under load is the scale-down that
+# finds every worker busy: H1 holds 3 workers past their speed (1.5 prompts/s of 1000 tokens is 3.0 worker-seconds
+# a second; a short answer keeps decode's one pod within its lanes: 3.15 lanes), and H2 lowers
+# autoscaling.prefill.maxReplicas to 1 at its start, while the workers still hold H1's queue: two victims, cordoned
+# together, each finishing its prompts first. ``spec`` is merge-patched into the AtomDeployment when the client
+# starts the phase; the optimum reads the bounds it sets.
+CAPPED = [
+    {"name": "H1 prefill past its speed", "seconds": 150, "rate": 1.5, "isl": 1000, "osl": 2},
+    {"name": "H2 prefill capped at 1", "seconds": 90, "rate": 0.4, "isl": 1000, "osl": 20,
+     "spec": {"autoscaling": {"prefill": {"maxReplicas": 1}}}},
+]  # fmt: skip
 PREFILL_PHASES = [
     {"name": "C3 prefill-heavy", "seconds": 150, "rate": 1.0, "isl": 1000, "osl": 20},
     {"name": "E1 streams join, beyond the node", "seconds": 150, **BEYOND_THE_NODE},
@@ -110,6 +124,7 @@ PREFILL_PHASES = [
     # and 1.2 s of prompts computing = 6.7 lanes / 3.2 -> 3; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+3:
     # more than the node's 4 NPUs, so InsufficientNPUs shares them: 2+2, which expected() gives).
     {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
+    *CAPPED,
 ]
 # --phases drains: scale-downs whose victims are busy (the decode ones: LONG_STREAMS above).
 DRAIN_PHASES = [
@@ -164,9 +179,19 @@ def targets(phase: dict) -> tuple[int, int]:
     rate = arrival_rate(phase)
     seq = sum(rate * w / total * (osl * DECODE_STEP_S + isl * PREFILL_S_PER_TOKEN) for w, isl, osl in mix)
     busy = sum(rate * w / total * isl * PREFILL_S_PER_TOKEN for w, isl, _ in mix)
-    d = min(BOUNDS["decode"][1], max(BOUNDS["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
-    p = min(BOUNDS["prefill"][1], max(BOUNDS["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))
+    b = bounds_of(phase)
+    d = min(b["decode"][1], max(b["decode"][0], math.ceil(round(seq / (LANES * OCCUPANCY), 6))))
+    p = min(b["prefill"][1], max(b["prefill"][0], math.ceil(round(busy / UTILIZATION, 6))))
     return p, d
+
+
+def bounds_of(phase: dict) -> dict[str, tuple[int, int]]:
+    """The replica bounds during a phase: AUTOSCALING's, or those its ``spec`` patch sets."""
+    patch = (phase.get("spec") or {}).get("autoscaling") or {}
+    return {
+        role: ((patch.get(role) or {}).get("minReplicas", lo), (patch.get(role) or {}).get("maxReplicas", hi))
+        for role, (lo, hi) in BOUNDS.items()
+    }
 
 
 def expected(phase: dict) -> tuple[int, int]:
@@ -176,10 +201,11 @@ def expected(phase: dict) -> tuple[int, int]:
     p_t, d_t = targets(phase)
     if p_t + d_t <= NODE_NPUS:
         return p_t, d_t
+    b = bounds_of(phase)
     pairs = [
         (p, d)
-        for p in range(BOUNDS["prefill"][0], BOUNDS["prefill"][1] + 1)
-        for d in range(BOUNDS["decode"][0], BOUNDS["decode"][1] + 1)
+        for p in range(b["prefill"][0], b["prefill"][1] + 1)
+        for d in range(b["decode"][0], b["decode"][1] + 1)
         if p + d <= NODE_NPUS and in_band(p, d)
     ]
     return max(pairs, key=lambda pd: (min(min(1, pd[0] / p_t), min(1, pd[1] / d_t)), -(pd[0] + pd[1])))
@@ -413,8 +439,10 @@ class Observer:
 
 # ---- the client -------------------------------------------------------------------------------------------
 class Client:
-    def __init__(self, cluster, namespace: str, url: str, model: str, raw: Path, label: str) -> None:  # noqa: ANN001
+    def __init__(self, cluster, namespace: str, url: str, model: str, raw: Path, label: str,  # noqa: ANN001
+                 on_phase: Callable[[dict], None] | None = None) -> None:  # fmt: skip
         self.cluster, self.ns, self.url, self.model, self.raw, self.label = cluster, namespace, url, model, raw, label
+        self.on_phase = on_phase  # called with each phase's record as the client starts it
         self.lines: list[dict] = []
         self.proc: subprocess.Popen | None = None
         self.reader: threading.Thread | None = None
@@ -450,6 +478,8 @@ class Client:
                 self.lines.append(rec)
                 if rec.get("event") == "phase":
                     log(f"phase {rec['name']}")
+                    if self.on_phase is not None:
+                        self.on_phase(rec)
                 elif rec.get("event") == "request" and not rec.get("ok"):
                     log(f"FAILED request {rec}")
 
@@ -562,7 +592,12 @@ def run(args: argparse.Namespace) -> dict:
         if args.smoke:
             schedule = [dict(DECODE_PHASES[0], seconds=30)]
         info["schedule"] = schedule
-        main = Client(node, ns, url, model, raw, "autoscaled")
+        def patch_phase(rec: dict) -> None:
+            if rec.get("spec"):
+                scenario.patch_spec(node, ns, NAME, rec["spec"])
+                log(f"patched spec with {json.dumps(rec['spec'])}")
+
+        main = Client(node, ns, url, model, raw, "autoscaled", on_phase=patch_phase)
         main.start(schedule, seed=33)
         main.wait(sum(p["seconds"] for p in schedule) + 300)
         info["load_after_main"] = os.getloadavg()

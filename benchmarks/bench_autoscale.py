@@ -738,7 +738,10 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             seq = [s["desired"][role] for s in tl if s["desired"][role] is not None]
             n = sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
             changes[role] = max(0, n - 1)  # the step's own change is the reaction, not instability
-        phase_rows.append({"name": name, "expected": exp, "desired": des, "changes": changes, "t": t_a, "end": t_b})
+        phase_rows.append(
+            {"name": name, "expected": exp, "targets": targets(p), "desired": des, "changes": changes, "t": t_a,
+             "end": t_b}
+        )  # fmt: skip
         w(
             f"| {name} | {p['seconds']} | {load_of(p)} | {shape_of(p)} | {len(rs)} | {len(failed(rs))} |"
             f" {q(0.5)} / {q(0.9)} | {exp[0]}+{exp[1]}{fitted} | {des[0]}+{des[1]} | {rdy[0]}+{rdy[1]} |"
@@ -866,7 +869,16 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         before = phase_rows[i - 1]
         if row["expected"] == before["expected"]:
             continue
-        grow = [r for r, x, y in zip(("prefill", "decode"), before["expected"], row["expected"], strict=True) if y > x]
+        # A role grows at a load step where its own target rises, not where the room only shares the NPUs anew:
+        # after E1, C3b's streams leave and prefill gets decode's NPU once decode has shrunk (a scale-down's window).
+        grow = [
+            r
+            for r, x, y, tx, ty in zip(
+                ("prefill", "decode"), before["expected"], row["expected"], before["targets"], row["targets"],
+                strict=True,
+            )
+            if y > x and ty > tx
+        ]  # fmt: skip
         nxt = next(((t, a, b) for t, a, b in changes_at if t >= row["t"] and a is not None), None)
         if not nxt:
             w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none | - | - | - |")

@@ -31,8 +31,7 @@ time. In order:
    a probe. Where the room or the budget cannot hold both roles' recommendations and decode's lanes waited for
    prefill within its down window, decode gives prefill its headroom: its recommendation is taken at full
    occupancy, never fewer pods than the lanes its requests hold (before step 4, so lowering decode for it waits
-   for its down window, and so does undoing it); meanwhile, where the cluster's room binds, prefill takes the NPU
-   the yield will free, its pod Pending until then.
+   for its down window, and so does undoing it).
 """
 
 from __future__ import annotations
@@ -307,25 +306,6 @@ def _yield_to_prefill(
     return (full, bound) if full < d_rec else (d_rec, "")
 
 
-def _awaiting_yield(
-    stable: tuple[int, int], d_yielded: int, bound: str, policy: Policy, room: int | None
-) -> tuple[int, int] | None:
-    """The pair while decode's yield waits for its down window where the cluster's room binds: prefill takes now
-    the share the yield frees, its new pods Pending until decode's victim is gone, and decode keeps its pods until
-    then. Shared by the room at once instead, prefill gave its Pending pod up when the room became known and asked
-    for it again a window later (run 10's C3 and E2: prefill 2 -> 3 -> 2 -> 3). A budget is a limit the spec sets,
-    never exceeded: there prefill waits. None where no yield is pending."""
-    p_t, d_t = stable
-    if bound != "InsufficientNPUs" or d_yielded >= d_t:
-        return None
-    (p, d), _ = _joint((p_t, d_yielded), policy, False, room)
-    if d != d_yielded or (policy.band is not None and not policy.band.contains(p, d_t)):
-        return None
-    if policy.npu_budget is not None and policy.cost(p, d_t) > policy.npu_budget:
-        return None
-    return p, d_t
-
-
 def _npu_bound(targets: tuple[int, int], policy: Policy, room: int | None) -> str:
     """Which NPU bound the pair exceeds, the cluster's room before the budget; '' for neither."""
     if room is not None and units(policy, *targets) > room:
@@ -467,11 +447,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
 
     # 5-6: band, budget and the cluster's room together.
     if policy.prefill_scaled and obs.prefill is not None:
-        awaiting = _awaiting_yield((p_stable, d_stable), d_rec, bound, policy, room)
-        if awaiting is not None:
-            (p_new, d_new), limit = awaiting, bound
-        else:
-            (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
+        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
             pods = f"{d_rec} pod" + ("s" if d_rec != 1 else "")

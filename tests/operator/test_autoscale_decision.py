@@ -271,22 +271,6 @@ def test_a_yield_never_leaves_decode_fewer_lanes_than_its_requests_hold() -> Non
     assert pair(decide_steadily(steady(prefill=3, decode=2, stuck=1), p, intervals=16)) == (3, 1)
 
 
-def test_a_yield_reads_decodes_arrivals_at_their_mean() -> None:
-    """Run 11's E2: decode's steady arrivals are read cautiously (a few long streams a window are noise), 3.4 lanes
-    where their mean is 4.4. Yielded on the cautious reading, one pod of 4 lanes was too few, its requests queued,
-    were read at their mean, and decode wanted its pod back. At the mean, decode keeps 2 and the room is shared by
-    need, 2+2; with fewer tokens asked (3.1 lanes read, 4.0 at the mean) one pod holds them and prefill gets the
-    NPU."""
-    p = make_policy(npuBudget=None, ratio=None)
-    e2 = steady(prefill=3, decode=2, stuck=1)
-    e2 = replace(e2, decode=replace(e2.decode, running=3.0, sequences=3.0, waiting_for_kv=1.0))
-    streams = replace(e2, decode=replace(e2.decode, counts=replace(e2.decode.counts, max_tokens=240.0)))
-    d = decide_steadily(streams, p, intervals=16)
-    assert d.decode.demand.startswith("3.4 lanes") and pair(d) == (2, 2), d.reason
-    fewer = replace(e2, decode=replace(e2.decode, counts=replace(e2.decode.counts, max_tokens=200.0)))
-    assert pair(decide_steadily(fewer, p, intervals=16)) == (3, 1)
-
-
 def test_a_queue_the_workers_clear_within_the_window_adds_no_worker() -> None:
     """The real node's C1 (0.2 requests/s of 1000 tokens, 200 tok/s at 350 a worker): one prompt queued behind
     another is 2 s of a worker's time, cleared within the 5 s window by the 300 tok/s it has to spare. A backlog

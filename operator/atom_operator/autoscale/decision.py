@@ -145,7 +145,6 @@ class _Need:
     floor_only: bool  # only some pods answered: the need may raise the count, never lower it
     demand: str
     for_prefill: float = 0.0  # of load, lanes held while prompts wait for or are computed by a worker
-    mean: float | None = None  # the load with the arrivals at their mean, not read cautiously (None: load)
 
 
 def _answered(obs: RoleObservation) -> str:
@@ -164,23 +163,19 @@ def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, sp
         # arrivals over the regime a floor, at their mean while requests queue for a lane (the lanes decoding
         # cannot show more than there are), else read cautiously (a few long streams to a window are noise).
         queued = obs.sequences > obs.running
-
-        def lanes(caution: float) -> tuple[float, float, float]:
-            rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution
-            prompts = rates.prompt_tokens if rates.stepping else rates.steady_prompt_tokens * caution
-            # A lane is held while a worker computes its prompt: that much of the remote wait is decode's own need
-            # (the rest, queueing for a worker, is prefill's shortfall).
-            computing = prompts / speed if speed else 0.0
-            decoding = max(0.0, obs.running - obs.waiting_for_kv) + min(obs.waiting_for_kv, computing)
-            return rate * per_token + computing, decoding, rate
-
-        arriving, decoding, rate = lanes(1.0 if queued else rates.steady_caution)
+        caution = 1.0 if queued else rates.steady_caution
+        rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution
+        prompts = rates.prompt_tokens if rates.stepping else rates.steady_prompt_tokens * caution
+        # A lane is held while a worker computes its prompt: that much of the remote wait is decode's own need
+        # (the rest, queueing for a worker, is prefill's shortfall).
+        computing = prompts / speed if speed else 0.0
+        arriving = rate * per_token + computing
+        decoding = max(0.0, obs.running - obs.waiting_for_kv) + min(obs.waiting_for_kv, computing)
         load = max(arriving, decoding)
         demand = f"{load:.1f} lanes ({arriving:.1f} arriving, {decoding:.0f} decoding"
         demand += f", {obs.waiting_for_kv:.0f} wait for prefill)" if obs.waiting_for_kv else ")"
         own = max(rate * per_token, obs.running - obs.waiting_for_kv, 0.0)
-        return _Need(load, policy.lanes * policy.occupancy, obs.answered < obs.ready, demand, load - own,
-                     max(lanes(1.0)[:2]))  # fmt: skip
+        return _Need(load, policy.lanes * policy.occupancy, obs.answered < obs.ready, demand, load - own)
     held = obs.waiting_for_kv if policy.coupled else 0.0
     load = max(0.0, obs.sequences - held)
     capacity = policy.lanes * policy.occupancy
@@ -299,10 +294,8 @@ def _yield_to_prefill(
     if not bound or hold or need is None or not waited:
         return d_rec, ""
     b = policy.bounds
-    # At the arrivals' mean: read cautiously, a few long streams a window under-read the lanes they will hold, and a
-    # pod yielded on that reading was wanted back as soon as its requests queued (and were read at their mean).
-    held = replace(need, load=need.mean if need.mean is not None else need.load, capacity=float(policy.lanes))
-    full = _recommend(held, obs.replicas, b.decode_min, b.decode_max, policy.tolerance, heading)
+    full = _recommend(replace(need, capacity=float(policy.lanes)), obs.replicas, b.decode_min, b.decode_max,
+                      policy.tolerance, heading)  # fmt: skip
     return (full, bound) if full < d_rec else (d_rec, "")
 
 

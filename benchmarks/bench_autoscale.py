@@ -106,8 +106,9 @@ BEYOND_THE_NODE = {"rate": 1.25, "isl": 820, "osl": 76, "mix": [[4, 1000, 20], [
 # finds every worker busy: H1 holds 3 workers past their speed (1.5 prompts/s of 1000 tokens is 3.0 worker-seconds
 # a second; a short answer keeps decode's one pod within its lanes: 3.15 lanes), and H2 lowers
 # autoscaling.prefill.maxReplicas to 1 at its start, while the workers still hold H1's queue: two victims, cordoned
-# together, each finishing its prompts first. ``spec`` is merge-patched into the AtomDeployment when the client
-# starts the phase; the optimum reads the bounds it sets.
+# together, each finishing its prompts first. C2 lowers the cap the same way while E2's queue holds both workers
+# (run 12: H1 had not reached 3 running workers when H2 began, its third still Pending). ``spec`` is merge-patched
+# into the AtomDeployment when the client starts the phase; the optimum reads the bounds it sets.
 CAPPED = [
     {"name": "H1 prefill past its speed", "seconds": 150, "rate": 1.5, "isl": 1000, "osl": 2},
     {"name": "H2 prefill capped at 1", "seconds": 90, "rate": 0.4, "isl": 1000, "osl": 20,
@@ -118,8 +119,10 @@ PREFILL_PHASES = [
     {"name": "E1 streams join, beyond the node", "seconds": 150, **BEYOND_THE_NODE},
     {"name": "C3b prefill-heavy again", "seconds": 120, "rate": 1.0, "isl": 1000, "osl": 20},
     {"name": "E2 streams join again", "seconds": 90, **BEYOND_THE_NODE},
-    {"name": "C2 prefill, less", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20},
-    {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20},
+    {"name": "C2 prefill, less, capped at 1", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20,
+     "spec": {"autoscaling": {"prefill": {"maxReplicas": 1}}}},
+    {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20,
+     "spec": {"autoscaling": {"prefill": {"maxReplicas": 3}}}},
     # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s of decode
     # and 1.2 s of prompts computing = 6.7 lanes / 3.2 -> 3; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+3:
     # more than the node's 4 NPUs, so InsufficientNPUs shares them: 2+2, which expected() gives).

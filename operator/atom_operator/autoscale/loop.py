@@ -53,7 +53,7 @@ STAMPS = ("lastDecisionTime",)
 # Its words (each role's demand, the reason) and the conditions' messages follow every reading (a load to one
 # decimal) where the counts, the statuses and the reasons do not: written at once when those change, the words
 # only refreshed this often. Written with every decision, a fleet of 100 wrote its status twice a decision, and
-# each write woke the reconciler (benchmarks/results/autoscaling-fleet.md).
+# each change of the conditions was a reconcile asked for (benchmarks/results/autoscaling-fleet.md).
 WORDS = ("demand", "reason")
 WORDS_REFRESH_SECONDS = 30.0
 

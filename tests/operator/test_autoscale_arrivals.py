@@ -163,3 +163,46 @@ def test_long_streams_in_a_steady_load_are_sized_by_the_lanes_they_hold() -> Non
             face_value += rate * DECODE_STEP / (LANES * 0.8) > 2
     assert face_value >= 60, face_value  # what the cautious reading is there for
     assert over <= face_value / 5, (over, face_value)
+
+
+def mixed_counts(rng: random.Random, t: float, rate: float, mix: list[tuple[int, int, int]]) -> Counts:
+    """One interval of Poisson arrivals at ``rate``, each request drawn from ``mix``: (weight, isl, osl)."""
+    n = poisson(rng, rate * INTERVAL)
+    shapes = rng.choices([(isl, osl) for _, isl, osl in mix], weights=[w for w, _, _ in mix], k=n)
+    return Counts(t, INTERVAL, n, sum(isl for isl, _ in shapes), sum(osl for _, osl in shapes))
+
+
+BOTH = [(1, 200, 200), (1, 1000, 20)]  # the bench's D: half of the requests decode 200 tokens
+PROMPTS_ONLY = [(1, 1000, 2)]  # its H1: prompts past the workers' speed, two tokens each
+STREAMS_JOIN = [(4, 1000, 20), (1, 100, 300)]  # its E phases: one request in five a stream
+
+
+def test_a_new_mix_at_a_like_rate_is_read_within_a_window_and_a_steady_mix_is_not_cut() -> None:
+    """D (1 req/s, 110 max_tokens a request) turns into H1 (1.5 req/s of 2 max_tokens): no count rises enough to be
+    a change point, and read over the regime, D's streams kept decode's max_tokens rate near D's for two minutes
+    (run 13's H1 held two decode pods while prefill queued). On each path the new mix is read within eight
+    intervals (a rise's cut may come first and hold some of D; the mix is compared past it); with the mix test
+    off it is not. A steady mix of prompts and streams is seldom cut for its mix."""
+
+    def reading_after_switch(seed: int) -> float:
+        rng, window = random.Random(seed), Window()
+        for i in range(1, 25):  # two minutes of D
+            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.0, BOTH), INTERVAL)
+        for i in range(25, 33):  # forty seconds of H1
+            window, rates = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.5, PROMPTS_ONLY), INTERVAL)
+        return rates.max_tokens if rates.stepping else rates.steady_max_tokens or 0.0
+
+    assert all(reading_after_switch(seed) < 10.0 for seed in range(20))  # H1's own rate: 3 max_tokens/s
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arrivals, "MIX_FACTOR", math.inf)
+        # D's streams still in the regime on about half of the paths (on the others a rise's cut fell at the switch)
+        assert sum(reading_after_switch(seed) > 10.0 for seed in range(20)) >= 8
+
+    cuts = 0
+    for seed in range(20):
+        rng, window = random.Random(seed), Window()
+        for i in range(1, 361):  # half an hour of E's mix
+            before = window.mixed_since
+            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
+            cuts += window.mixed_since != before
+    assert cuts <= 30, cuts  # of 7200 decisions

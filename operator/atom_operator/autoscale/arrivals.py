@@ -13,6 +13,13 @@ window beside a stable one and a fixed threshold; a test on the count scales the
 intervals that make a change point were chosen for being busy, so the rate read in the window after one is taken
 ``STEP_CAUTION`` standard deviations of its count below the mean.
 
+A change of the requests' shape is a change point too, where the count may not show it: when the newest
+intervals' requests (at least ``MIX_REQUESTS``, within one window) ask ``MIX_FACTOR`` times more or fewer prompt
+tokens or max_tokens each than the older ones (since the last new mix). The rates after it are read as they are,
+not below their mean: its intervals were not chosen for their count. Without it, a load that turns from long
+streams to short prompts at a like rate kept the streams' max_tokens in decode's regime reading for
+``SHAPE_SECONDS``, and decode held NPUs that prefill needed (run 13's H1).
+
 Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
 before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the
 arrivals, read over the whole regime (up to ``SHAPE_SECONDS``), a floor: at their mean while requests queue for a
@@ -40,6 +47,11 @@ EXACT_BELOW = 50.0  # expected counts above this use the normal approximation of
 NEWEST = 3  # change points are looked for among the newest this many intervals
 CAUTION = 2.0  # standard deviations of its count a steady rate is read below its mean
 STEP_CAUTION = 1.0  # and a rate read just after a change point
+# A request's mean prompt or max_tokens this many times off the older intervals' is a new mix. Each side's mean is
+# over at least MIX_REQUESTS requests: a steady mix of short prompts and long streams (one in five or ten a stream)
+# then seems to change about once in 600 decisions, while a switch between such loads shows within one window.
+MIX_FACTOR = 3.0
+MIX_REQUESTS = 30
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ class Counts:
 class Window:
     history: tuple[Counts, ...] = ()  # newest last, SHAPE_SECONDS of it
     since: float = -math.inf  # the last change point: rates read the intervals that end after it
+    mixed_since: float = -math.inf  # the last new mix: a mix is compared with the intervals since (a rise's
+    # few intervals may hold some of the old mix, and hold too few requests to compare with)
     seconds_per_max_token: float | None = None  # the last known lane time per max_token
 
 
@@ -104,16 +118,58 @@ def rose(older: tuple[Counts, ...], newer: tuple[Counts, ...]) -> bool:
     return count > expected and tail(count, expected) < ALPHA
 
 
+def _per_request(intervals: tuple[Counts, ...]) -> tuple[float, float | None]:
+    requests, _ = _total(intervals)
+    prompts = sum(c.prompt_tokens for c in intervals) / requests
+    known = all(c.max_tokens is not None for c in intervals)
+    return prompts, sum(c.max_tokens or 0.0 for c in intervals) / requests if known else None
+
+
+def remixed(intervals: tuple[Counts, ...], interval: float) -> int:
+    """How many of the newest intervals hold a new mix of requests (see MIX_FACTOR); 0 for none.
+
+    The newest intervals that hold MIX_REQUESTS requests, within one window, against the ones before them."""
+    most = max(1, round(max(WINDOW_SECONDS, 2 * interval) / interval))
+    for k in range(1, min(most, len(intervals) - 1) + 1):
+        newer, older = intervals[-k:], intervals[:-k]
+        if _total(newer)[0] < MIX_REQUESTS:
+            continue
+        if _total(older)[0] < MIX_REQUESTS:
+            return 0
+        now, before = _per_request(newer), _per_request(older)
+        changed = [i for i, (a, b) in enumerate(zip(now, before, strict=True))
+                   if a is not None and b is not None and max(a, b) > MIX_FACTOR * min(a, b)]  # fmt: skip
+        if not changed:
+            return 0
+        # The newer side's oldest intervals may still be the old mix (it took them to reach MIX_REQUESTS): those
+        # closer to it stay out of the new regime, where they would hold the old mix for SHAPE_SECONDS.
+        while k > 1 and newer[0].requests and _closer_to_older(newer[0], now, before, changed):
+            k, newer = k - 1, newer[1:]
+        return k
+    return 0
+
+
+def _closer_to_older(c: Counts, now: tuple, before: tuple, changed: list[int]) -> bool:
+    own = _per_request((c,))
+    return all(abs(math.log(max(own[i], 1e-9) / before[i])) < abs(math.log(max(own[i], 1e-9) / now[i]))
+               for i in changed)  # fmt: skip
+
+
 def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]:
     """The window with this interval's counts, and the rates the decision reads now."""
     history = tuple(c for c in window.history if counts.end - c.end < SHAPE_SECONDS) + (counts,)
-    since = window.since
+    since, mixed_since = window.since, window.mixed_since
     regime = tuple(c for c in history if c.end > since)  # the reference a rise is tested against: all of it
     for k in range(1, min(NEWEST, len(regime) - 1) + 1):
         if rose(regime[:-k], regime[-k:]):
             since = regime[-k - 1].end
-            regime = regime[-k:]
             break
+    else:
+        mix = tuple(c for c in history if c.end > mixed_since)
+        if k := remixed(mix, interval):
+            mixed_since = mix[-k - 1].end
+            since = max(since, mixed_since)
+    regime = tuple(c for c in history if c.end > since)
     current = tuple(c for c in regime if counts.end - c.end < max(WINDOW_SECONDS, 2 * interval))
     requests, seconds = _total(current)
     shape = [c for c in history if c.decoded_max_tokens > 0]
@@ -123,9 +179,11 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
     count, span = _total(regime)
     cautious = max(0.0, count - CAUTION * math.sqrt(count)) / count if count else 0.0
     stepping = counts.end - since < WINDOW_SECONDS
-    # After a change point the window holds the few intervals whose count made it: chosen for being high, they
-    # read high. One deviation of their count off keeps the first move from overshooting the step.
-    step = max(0.0, requests - STEP_CAUTION * math.sqrt(requests)) / requests if stepping and requests else 1.0
+    # After a rise the window holds the few intervals whose count made it: chosen for being high, they read high.
+    # One deviation of their count off keeps the first move from overshooting the step. A new mix's intervals were
+    # chosen for their requests' shape, not their count: they read as they are.
+    rising = stepping and since > mixed_since
+    step = max(0.0, requests - STEP_CAUTION * math.sqrt(requests)) / requests if rising and requests else 1.0
     rates = Rates(
         requests / seconds * step,
         sum(c.prompt_tokens for c in current) / seconds * step,
@@ -136,4 +194,4 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         sum(c.prompt_tokens for c in regime) / span,
         cautious,
     )
-    return Window(history, since, per_token), rates
+    return Window(history, since, mixed_since, per_token), rates

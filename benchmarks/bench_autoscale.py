@@ -121,12 +121,15 @@ PREFILL_PHASES = [
     {"name": "E2 streams join again", "seconds": 90, **BEYOND_THE_NODE},
     {"name": "C2 prefill, less, capped at 1", "seconds": 90, "rate": 0.5, "isl": 1000, "osl": 20,
      "spec": {"autoscaling": {"prefill": {"maxReplicas": 1}}}},
+    # C1 keeps C2's cap (its patch repeats it, so its optimum reads it): restored at C1's start, prefill grew on
+    # C2's queue and came down in steps through C1 and into D (run 13).
     {"name": "C1 prefill, light", "seconds": 90, "rate": 0.2, "isl": 1000, "osl": 20,
-     "spec": {"autoscaling": {"prefill": {"maxReplicas": 3}}}},
+     "spec": {"autoscaling": {"prefill": {"maxReplicas": 1}}}},
     # Both roles must grow from 1+1: half 200/200, half 1000/20 at 1.0/s: decode 0.5 x 10 s + 0.5 x 1 s of decode
     # and 1.2 s of prompts computing = 6.7 lanes / 3.2 -> 3; prefill 600 tok/s x 2 ms = 1.2 busy / 0.7 -> 2 (2+3:
-    # more than the node's 4 NPUs, so InsufficientNPUs shares them: 2+2, which expected() gives).
-    {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]]},
+    # more than the node's 4 NPUs, so InsufficientNPUs shares them: 2+2, which expected() gives). D restores the cap.
+    {"name": "D both", "seconds": 120, "rate": 1.0, "isl": 600, "osl": 110, "mix": [[1, 200, 200], [1, 1000, 20]],
+     "spec": {"autoscaling": {"prefill": {"maxReplicas": 3}}}},
     *CAPPED,
 ]
 # --phases drains: scale-downs whose victims are busy (the decode ones: LONG_STREAMS above).
@@ -883,6 +886,15 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             if y > x and ty > tx
         ]  # fmt: skip
         nxt = next(((t, a, b) for t, a, b in changes_at if t >= row["t"] and a is not None), None)
+        held = next((b for t, _, b in reversed(changes_at) if t < row["t"]), None)
+        if held == row["expected"]:
+            # Already the step's optimum (an earlier phase's decision got there): nothing to react to. Timing the
+            # next change instead would time the next phase's (run 13's E2: 18.5 intervals, C2's cap).
+            w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none needed: at it when the step came"
+              " | 0 | 0 | - |")  # fmt: skip
+            if grow:
+                ups.append((row["name"], 0.0, grow, list(grow)))
+            continue
         if not nxt:
             w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none | - | - | - |")
             if grow:

@@ -271,6 +271,22 @@ def test_a_yield_never_leaves_decode_fewer_lanes_than_its_requests_hold() -> Non
     assert pair(decide_steadily(steady(prefill=3, decode=2, stuck=1), p, intervals=16)) == (3, 1)
 
 
+def test_a_yield_happens_where_the_lanes_held_swing_around_one_pod() -> None:
+    """Run 14's C3b: 8 lanes held on two decode pods, 6 or 8 of them waiting for a worker in turn, so the lanes
+    decode's requests hold read 4.2 and 3.1 by turns. At full occupancy exactly, the count read 2 and 1 by turns
+    and the down window (the largest of its readings) kept 2: 2+2 for the whole phase against 3+1."""
+    p = make_policy(npuBudget=None, ratio=None)
+    base = steady(prefill=3, decode=2, stuck=1)
+    state, d = State(), None
+    for i in range(24):  # two minutes
+        running, waiting = (8.0, 5.8) if i % 2 else (8.0, 8.0)  # 4.2 lanes held, then 2.0 (3.0 arriving)
+        obs = replace(base, decode=replace(base.decode, running=running, sequences=running + 2.0,
+                                           waiting_for_kv=waiting, counts=replace(base.decode.counts, end=i * 5.0)))
+        d = decide(obs, state, p, now=i * 5.0)
+        state = d.state
+    assert d is not None and pair(d) == (3, 1), d.reason
+
+
 def test_a_queue_the_workers_clear_within_the_window_adds_no_worker() -> None:
     """The real node's C1 (0.2 requests/s of 1000 tokens, 200 tok/s at 350 a worker): one prompt queued behind
     another is 2 s of a worker's time, cleared within the 5 s window by the 300 tok/s it has to spare. A backlog

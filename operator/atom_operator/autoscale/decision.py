@@ -288,14 +288,18 @@ def _yield_to_prefill(
     prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's E phases, 4.2-4.6 lanes
     yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering decode waits for its
     down window like any scale-down, and ``waited`` spans the window, so a reading with no lane waiting does not
-    undo it at once."""
+    undo it at once.
+
+    Full occupancy has the tolerance on top (a pod's lanes and a tenth): lanes held by prompts being computed swing
+    by a lane or two between readings, and at one pod's lanes exactly the count read 1, 2, 1, 2, so the down
+    window, which keeps the largest, never let the yield happen (run 14's C3b, 3.1 and 4.2 lanes in turn)."""
     d_rec = recommended[1]
     bound = _npu_bound(recommended, policy, room)
     if not bound or hold or need is None or not waited:
         return d_rec, ""
     b = policy.bounds
-    full = _recommend(replace(need, capacity=float(policy.lanes)), obs.replicas, b.decode_min, b.decode_max,
-                      policy.tolerance, heading)  # fmt: skip
+    full = _recommend(replace(need, capacity=policy.lanes * (1 + policy.tolerance)), obs.replicas, b.decode_min,
+                      b.decode_max, policy.tolerance, heading)  # fmt: skip
     return (full, bound) if full < d_rec else (d_rec, "")
 
 

@@ -284,11 +284,11 @@ def _yield_to_prefill(
     prefill, while its lanes have waited for prefill within the down window. Those waits are prefill's shortfall
     showing in decode; where both roles' needs do not fit, an NPU kept for decode's headroom leaves the bottleneck
     as it is, and the same NPU given to prefill shortens the wait. Never fewer pods than the lanes decode's
-    requests hold: lanes held while a worker computes a prompt are decode's own (no worker count shortens one
-    prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's E phases, 4.2-4.6 lanes
-    yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering decode waits for its
-    down window like any scale-down, and ``waited`` spans the window, so a reading with no lane waiting does not
-    undo it at once.
+    requests hold (within the tolerance, below): lanes held while a worker computes a prompt are decode's own (no
+    worker count shortens one prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's
+    E phases, 4.2-4.6 lanes yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering
+    decode waits for its down window like any scale-down, and ``waited`` spans the window, so a reading with no
+    lane waiting does not undo it at once.
 
     Full occupancy has the tolerance on top (a pod's lanes and a tenth): lanes held by prompts being computed swing
     by a lane or two between readings, and at one pod's lanes exactly the count read 1, 2, 1, 2, so the down

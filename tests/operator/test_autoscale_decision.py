@@ -142,18 +142,46 @@ def test_pods_the_cluster_cannot_place_are_given_up_and_the_room_shared_by_need(
     assert condition(d, "ScalingLimited") == ("True", "InsufficientNPUs")
     message = next(c for c in d.conditions if c.type == "ScalingLimited").message
     assert "pods stayed Pending as unschedulable (2 now); the pairs stay within the 4 NPUs" in message, message
-    assert d.state.capacity == (4, 100.0 + 300.0)
+    assert (d.state.capacity.units, d.state.capacity.until) == (4, 100.0 + 300.0)
 
     placed = load(1.5, 600, 5.0, decode=2, prefill=2)  # the stuck pods removed, one decode pod given to prefill
     later = decide(placed, d.state, p, now=200.0)
     assert pair(later) == (2, 2) and condition(later, "ScalingLimited") == ("True", "InsufficientNPUs")
     probe = decide(placed, later.state, p, now=401.0)
-    assert pair(probe) == (3, 3) and probe.state.capacity is None, probe.reason
+    assert pair(probe) == (3, 3) and not probe.state.capacity.holds(401.0), probe.reason
     # Without stuck pods, no room is assumed: the same load on 3+3 asks for 3+3.
     assert pair(decide(want, State(), p, now=100.0)) == (3, 3)
     # A pod still terminating holds its NPU, which the stuck one may be waiting for: the room counts it.
     leaving = replace(stuck, decode=replace(stuck.decode, replicas=2, terminating=1))
-    assert decide(leaving, State(), p, now=100.0).state.capacity == (4, 400.0)
+    assert decide(leaving, State(), p, now=100.0).state.capacity.units == 4
+
+
+def test_a_probe_that_finds_no_more_room_waits_longer_before_the_next() -> None:
+    """Runs 13-15's C3b and D ended on a probe: a Pending pod asked for every five minutes on a node that never grew.
+    Each probe that finds the same room doubles how long the room bounds the pairs (300, 600, 1200, 1200 s); one
+    that finds more room starts again at 300 s."""
+    p = make_policy(npuBudget=None, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    want = load(1.5, 600, 5.0, decode=3, prefill=3)
+    stuck = replace(want, prefill=replace(want.prefill, ready=1, answered=1, unschedulable=2))  # 4 placed
+    placed = load(1.5, 600, 5.0, decode=2, prefill=2)
+    state, now, probes = State(), 100.0, []
+    for _ in range(5):
+        d = decide(stuck, state, p, now)  # the stuck pods seen: the room is read again
+        state = decide(placed, d.state, p, now + 5.0).state  # given up; the pairs stay within the room
+        memory = state.capacity.memory
+        assert pair(decide(placed, state, p, now + memory - 1.0)) == (2, 2)
+        probe = decide(placed, state, p, now + memory + 1.0)
+        assert pair(probe) == (3, 3), probe.reason  # lapsed: it asks again
+        probes.append(memory)
+        now, state = now + memory + 70.0, probe.state  # its pods stay Pending for a minute before they are stuck
+    assert probes == [300.0, 600.0, 1200.0, 1200.0, 1200.0]
+    message = next(c for c in decide(stuck, state, p, now).conditions if c.type == "ScalingLimited").message
+    assert "the pairs stay within the 4 NPUs the cluster placed for 1200 s" in message, message
+
+    # A probe that finds more room (a node added: 5 placed, one still stuck) starts the memory again.
+    grown = replace(want, prefill=replace(want.prefill, ready=2, answered=2, unschedulable=1))
+    d = decide(grown, state, p, now)
+    assert (d.state.capacity.units, d.state.capacity.memory) == (5, 300.0)
 
 
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
@@ -230,6 +258,30 @@ def test_when_the_npus_bind_decode_lanes_waiting_for_prefill_yield_to_prefill() 
     # A budget binds the same way.
     budget = decide_steadily(steady(prefill=3, decode=2), make_policy(npuBudget=4, ratio=None), intervals=16)
     assert pair(budget) == (3, 1) and condition(budget, "ScalingLimited") == ("True", "NPUBudget"), budget.reason
+
+
+def test_a_ready_pod_is_not_given_up_for_a_pending_one_the_other_role_keeps_only_by_its_window() -> None:
+    """Run 15's C3: 3+2 wanted, decode's second pod stuck Pending on 4 NPUs. The yield had left decode 1, but its
+    down window still held 2, and sharing the room for that 2 removed prefill's Ready third worker (2+2). The window
+    keeps pods that serve; the stuck one is given up instead, and prefill keeps its workers: 3+1 at once."""
+    p = make_policy(npuBudget=None, ratio=None)  # a 60 s down window
+    state, d = State(), None
+    for i in range(16):
+        obs = steady(prefill=3, decode=2)
+        if i >= 12:  # the room becomes known 15 s before the end: decode's second pod did not fit
+            obs = replace(obs, decode=replace(obs.decode, ready=1, answered=1, unschedulable=1))
+        obs = replace(obs, decode=replace(obs.decode, counts=replace(obs.decode.counts, end=i * 5.0)))
+        d = decide(obs, state, p, now=i * 5.0)
+        state = d.state
+        if i == 11:
+            assert pair(d) == (3, 2), d.reason
+    assert d is not None and (d.prefill.recommended, d.decode.recommended) == (3, 1)
+    assert pair(d) == (3, 1), d.reason
+    assert condition(d, "ScalingLimited") == ("True", "InsufficientNPUs")
+
+    # A Ready decode pod the window keeps is kept (a scale-down waits for its window): the room is shared, 2:2.
+    ready = steady(prefill=3, decode=2, stuck=1)
+    assert pair(decide_steadily(ready, p, intervals=8)) == (2, 2)
 
 
 def test_lanes_waiting_for_prefill_that_come_and_go_move_no_pod() -> None:

@@ -27,11 +27,12 @@ time. In order:
 6. **What the cluster holds**: once pods stay Pending as unschedulable, the NPUs of the ones placed (a pod that
    requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
-   pods that cannot run (``ScalingLimited/InsufficientNPUs``). When the memory lapses the decision asks again, as
-   a probe. Where the room or the budget cannot hold both roles' recommendations and decode's lanes waited for
-   prefill within its down window, decode gives prefill its headroom: its recommendation is taken at full
-   occupancy, never fewer pods than the lanes its requests hold (before step 4, so lowering decode for it waits
-   for its down window, and so does undoing it).
+   pods that cannot run (``ScalingLimited/InsufficientNPUs``). A stuck pod a role's down window keeps beyond its
+   recommendation is no claim on the room (it serves nothing). When the memory lapses the decision asks again,
+   as a probe; a probe that finds no more room doubles the memory. Where the room or the budget cannot hold both
+   roles' recommendations and decode's lanes waited for prefill within its down window, decode gives prefill its
+   headroom: its recommendation is taken at full occupancy, never fewer pods than the lanes its requests hold
+   (before step 4, so lowering decode for it waits for its down window, and so does undoing it).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ ANSWERED_SHARE_MIN = 0.5
 MIN_BUSY_SECONDS = 0.5
 # Weight of a new speed measurement against the previous estimate.
 SPEED_SMOOTHING = 0.5
-# How long what the cluster could place bounds the pairs after pods stayed unschedulable.
+# How long what the cluster could place bounds the pairs after pods stayed unschedulable; each probe that finds no
+# more room doubles it, up to the longest.
 CAPACITY_MEMORY_SECONDS = 300.0
+CAPACITY_MEMORY_LONGEST_SECONDS = 1200.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,18 @@ class Observations:
 
 
 @dataclass(frozen=True)
+class Room:
+    """What the cluster showed it can place: the units of the pods it placed while some stayed unschedulable."""
+
+    units: int
+    until: float  # the pairs stay within ``units`` until then
+    memory: float = CAPACITY_MEMORY_SECONDS  # how long this reading bounds the pairs after stuck pods were last seen
+
+    def holds(self, now: float) -> bool:
+        return now < self.until
+
+
+@dataclass(frozen=True)
 class State:
     """What the next decision needs from this one."""
 
@@ -102,7 +117,7 @@ class State:
     desired: dict[str, int] = field(default_factory=dict)  # role -> the last decision's count
     tokens_per_busy_second: float | None = None  # a prefill worker's speed, smoothed
     arrivals: Window = field(default_factory=Window)
-    capacity: tuple[int, float] | None = None  # (units the cluster placed, until when they bound the pairs)
+    capacity: Room | None = None  # the last room seen, kept after it lapses to tell what a probe found
     waited_for_prefill: float | None = None  # when decode's lanes last waited for a prefill worker
 
 
@@ -318,21 +333,39 @@ def units(policy: Policy, prefill: int, decode: int) -> int:
 
 
 def _capacity(obs: Observations, state: State, policy: Policy, now: float) -> State:
-    """The room the cluster showed: the units of the pods it placed, while some of this deployment's stay Pending."""
-    held = state.capacity if state.capacity is not None and now < state.capacity[1] else None
-    p = obs.prefill
-    stuck = obs.decode.unschedulable + (p.unschedulable if p else 0)
-    if stuck:
-        # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
-        # The latest reading replaces an older one: the cluster may have grown or shrunk since.
-        d = obs.decode
-        placed = units(
-            policy,
-            p.replicas - p.unschedulable + p.terminating if p else 0,
-            d.replicas - d.unschedulable + d.terminating,
-        )
-        held = (placed, now + CAPACITY_MEMORY_SECONDS)
-    return replace(state, capacity=held)
+    """The room the cluster showed: the units of the pods it placed, while some of this deployment's stay Pending.
+
+    Once the reading lapses the decision asks for what the targets need again (a probe). A probe that finds no
+    more room than before doubles how long the reading lasts, up to ``CAPACITY_MEMORY_LONGEST_SECONDS``; more room
+    resets it. A node that is not coming costs a Pending pod every five minutes otherwise, and each one counts
+    toward its role's target for the minute before it is seen as stuck (runs 13-15's C3b and D ended on one)."""
+    p, d = obs.prefill, obs.decode
+    stuck = d.unschedulable + (p.unschedulable if p else 0)
+    if not stuck:
+        return state
+    # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
+    # The latest reading replaces an older one: the cluster may have grown or shrunk since.
+    placed = units(
+        policy,
+        p.replicas - p.unschedulable + p.terminating if p else 0,
+        d.replicas - d.unschedulable + d.terminating,
+    )
+    last = state.capacity
+    memory = CAPACITY_MEMORY_SECONDS
+    if last is not None and placed <= last.units:
+        probed = not last.holds(now)
+        memory = min(CAPACITY_MEMORY_LONGEST_SECONDS, last.memory * 2) if probed else last.memory
+    return replace(state, capacity=Room(placed, now + memory, memory))
+
+
+def _to_keep(stable: int, recommended: int, obs: RoleObservation) -> int:
+    """What a role asks of the room: its stabilized count, less the pods its down window keeps beyond its
+    recommendation that the cluster has not placed. The window keeps pods that serve while a lower reading may yet
+    pass; a pod stuck Pending serves nothing, and sharing the room for it gave up the other role's Ready pod (run
+    15's C3: prefill's idle third worker removed for decode's Pending second pod, which the yield had left)."""
+    if stable <= recommended:
+        return stable
+    return min(stable, max(recommended, obs.replicas - obs.unschedulable))
 
 
 def _joint(
@@ -421,7 +454,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
 
     # 6 first, for the yield: what the cluster showed it can place.
     state = _capacity(obs, state, policy, now)
-    room = state.capacity[0] if state.capacity else None
+    room = state.capacity.units if state.capacity and state.capacity.holds(now) else None
     d_full, bound = d_rec, ""
     if d_need is not None and d_need.for_prefill > 0:
         state = replace(state, waited_for_prefill=now)
@@ -444,7 +477,8 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
 
     # 5-6: band, budget and the cluster's room together.
     if policy.prefill_scaled and obs.prefill is not None:
-        (p_new, d_new), limit = _joint((p_stable, d_stable), policy, external, room)
+        shares = (_to_keep(p_stable, p_rec, obs.prefill), _to_keep(d_stable, d_rec, obs.decode))
+        (p_new, d_new), limit = _joint(shares, policy, external, room)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
             pods = f"{d_rec} pod" + ("s" if d_rec != 1 else "")
@@ -514,7 +548,7 @@ def _conditions(obs, missing, needs, decode, prefill, stable, wanted, limit, pol
             unit = "NPUs" if all(npus) else "pods" if not any(npus) else "NPUs (a pod without one counting one)"
             stuck = obs.decode.unschedulable + (obs.prefill.unschedulable if obs.prefill else 0)
             why += (f": pods stayed Pending as unschedulable ({stuck} now); the pairs stay within the"
-                    f" {state.capacity[0]} {unit} the cluster placed for {CAPACITY_MEMORY_SECONDS:.0f} s")  # fmt: skip
+                    f" {state.capacity.units} {unit} the cluster placed for {state.capacity.memory:.0f} s")  # fmt: skip
         elif limit == "RatioAdjusted":
             why += ": outside autoscaling.ratio"
         limits.append(why)

@@ -206,6 +206,9 @@ def operator_writes(writes: list[dict], began: float, ended: float) -> dict[str,
             continue
         ref = w.get("objectRef") or {}
         request = f'{w["verb"]} {ref.get("resource")}' + (f'/{ref["subresource"]}' if ref.get("subresource") else "")
+        code = (w.get("responseStatus") or {}).get("code") or 0
+        if code >= 300:  # refused (a 409: a write guarded by a resourceVersion that had moved)
+            request += f" {code}"
         out[request] = out.get(request, 0) + 1
     return out
 

@@ -238,12 +238,21 @@ KEY = ("ns", "llm")
 
 
 class FakeKube:
-    """The writes the loop makes, and the stored object a merge patch of its status leaves (as the watch sees)."""
+    """The writes the loop makes, and the stored object a merge patch of its status leaves (as the watch sees).
+    As the API server does, a patch that names a resourceVersion other than the object's is refused (409), and
+    every write moves it; ``lagging`` writes happen on the server while the watch has not shown them yet."""
 
     def __init__(self, owners: dict) -> None:
-        self.owners, self.status_writes, self.events = owners, [], []
+        self.owners, self.status_writes, self.events, self.lagging = owners, [], [], 0
 
     async def patch_status(self, kind: str, namespace: str, name: str, patch: dict) -> dict:
+        from atom_operator.kube import KubeError
+
+        body = self.owners[(namespace, name)]
+        stored = body["metadata"].get("resourceVersion")
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and (self.lagging or wanted != stored):
+            raise KubeError(status=409, reason="Conflict")
         self.status_writes.append(patch)
 
         def merge(into: dict, p: dict) -> dict:
@@ -256,8 +265,9 @@ class FakeKube:
                     into[k] = v
             return into
 
-        body = self.owners[(namespace, name)]
-        self.owners[(namespace, name)] = {**body, "status": merge(dict(body.get("status") or {}), patch["status"])}
+        moved = {**body["metadata"], "resourceVersion": str(int(stored) + 1)} if stored else body["metadata"]
+        status = merge(dict(body.get("status") or {}), patch["status"])
+        self.owners[(namespace, name)] = {**body, "metadata": moved, "status": status}
         return self.owners[(namespace, name)]
 
     async def create(self, obj: dict) -> dict:
@@ -274,7 +284,7 @@ class FakeKube:
 def autoscaled_owner() -> dict:
     return {
         "apiVersion": "serving.atom.dev/v1alpha1", "kind": "AtomDeployment",
-        "metadata": {"name": "llm", "namespace": "ns", "uid": "u1", "generation": 1},
+        "metadata": {"name": "llm", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "1"},
         "spec": {"model": {"source": "builtin:tiny"},
                  "decode": {"replicas": 2, "backend": "cpu", "npusPerReplica": 0, "lanes": 4, "kvBlocks": 6},
                  "autoscaling": {"mode": "Operator", "intervalSeconds": 15,
@@ -286,6 +296,8 @@ def autoscaler(monkeypatch: pytest.MonkeyPatch, owners: dict, running: list[floa
     from atom_operator.autoscale import loop
 
     async def fake_scrape(_session, urls, **_kw):  # noqa: ANN001, ANN202
+        if running[0] is None:  # the pods do not answer
+            return dict.fromkeys(urls)
         return {n: Sample(clock[0], {observe.RUNNING: running[0], observe.WAITING: 0.0}) for n in urls}
 
     monkeypatch.setattr(loop, "scrape", fake_scrape)
@@ -344,23 +356,48 @@ async def test_the_words_that_describe_the_load_are_refreshed_not_written_at_eve
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_hpa_conditions_go_to_status_conditions_through_the_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_hpa_conditions_go_to_status_conditions_beside_the_reconcilers(monkeypatch: pytest.MonkeyPatch) -> None:
     from atom_operator import status
     from atom_operator.api import AtomDeployment
     from atom_operator.children import Owner
 
     owners = {KEY: autoscaled_owner()}
+    owners[KEY]["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]}
     running, clock = [2.0], [1000.0]
     scaler, enqueued = autoscaler(monkeypatch, owners, running, clock)
     assert scaler.conditions(KEY) == ()  # autoscaling on, nothing decided or stored yet
     await scaler.step(KEY)
-    assert enqueued == [KEY]  # the reconciler writes status.conditions
     found = scaler.conditions(KEY)
     assert [c.type for c in found] == ["ScalingActive", "ScalingLimited", "AbleToScale"]
+    # Written by the autoscaler with status.autoscaling, after the reconciler's own, guarded by the resourceVersion
+    # the watch saw.
+    stored = owners[KEY]["status"]["conditions"]
+    assert [c["type"] for c in stored] == ["Ready", "ScalingActive", "ScalingLimited", "AbleToScale"]
+    assert scaler.kube.status_writes[0]["metadata"] == {"resourceVersion": "1"}
     assert "conditions" not in owners[KEY]["status"]["autoscaling"]
+    enqueued.clear()  # the first decision hands the reconciler its replicas
     clock[0] += 15
     await scaler.step(KEY)
-    assert enqueued == [KEY]  # unchanged conditions: no reconcile asked for
+    assert enqueued == [] and len(scaler.kube.status_writes) == 1  # unchanged: nothing written, nothing asked
+
+    # A condition that changes is written without a reconcile (the pods stop answering: the counts hold) ...
+    running[0], watched = None, owners[KEY]["metadata"]["resourceVersion"]
+    clock[0] += 15
+    await scaler.step(KEY)
+    active = {c["type"]: c for c in owners[KEY]["status"]["conditions"]}["ScalingActive"]
+    assert (active["status"], active["reason"]) == ("False", "MetricsUnavailable"), active
+    assert enqueued == [] and {"metadata": {"resourceVersion": watched}} in [
+        {k: w[k] for k in w if k == "metadata"} for w in scaler.kube.status_writes
+    ]
+    # ... and where the object moved since the watch saw it, the reconciler is asked to write them.
+    scaler.kube.lagging = 1
+    running[0] = 2.0
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert enqueued == [KEY]
+    assert {c["type"]: c for c in owners[KEY]["status"]["conditions"]}["ScalingActive"]["status"] == "False"
+    assert next(c for c in scaler.conditions(KEY) if c.type == "ScalingActive").ok  # what the reconciler writes
+
     # The reconciler's status: HPA's conditions beside Ready, where kubectl describe and kubectl wait look.
     spec = AtomDeployment.model_validate(owners[KEY]).spec
     seen = status.Observation(1, (), scaling=tuple(found))

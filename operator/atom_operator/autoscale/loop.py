@@ -8,7 +8,10 @@ they changed. Everything it writes itself is on pods (the accepting label, the d
 writes nothing; the words that describe the load are refreshed every ``WORDS_REFRESH_SECONDS``). Its conditions
 (HPA's ScalingActive, ScalingLimited, AbleToScale) go in ``status.conditions`` beside Ready, where ``kubectl
 describe`` and ``kubectl wait`` read them: the reconciler writes that list whole, so it asks the autoscaler for
-them (:meth:`Autoscaler.conditions`) as it asks for the replicas.
+them (:meth:`Autoscaler.conditions`) as it asks for the replicas. When only they changed, the autoscaler writes them
+into that list itself, the other conditions as the watch saw them, guarded by that object's resourceVersion (a
+conflict leaves the write to a reconcile): a reconcile for each change of a condition was most of an autoscaled
+fleet's reconciles, none of which changed a child.
 """
 
 from __future__ import annotations
@@ -318,14 +321,15 @@ class Autoscaler:
             if decision.prefill is not None:
                 tracked.desired["prefill"] = decision.prefill.desired
             self._record(key, decision)
-            await self._post_status(key, decision, now)
         changed = False
         if due and tracked.conditions != decision.conditions and (
             _decided(tracked.conditions) != _decided(decision.conditions)
             or now - tracked.conditions_at >= WORDS_REFRESH_SECONDS
         ):
             tracked.conditions, tracked.conditions_at = decision.conditions, now
-            changed = True  # the reconciler writes them into status.conditions
+            changed = True  # unless the status write below carries them
+        if due:
+            changed = not await self._post_status(key, decision, now, changed) and changed
         for role in roles:
             desired = tracked.desired.get(role, current[role])
             states = [
@@ -401,7 +405,9 @@ class Autoscaler:
                 telemetry.DEMAND.labels(*key, role).set(r.load)
             telemetry.DECISIONS.labels(role, direction(role, r, d)).inc()
 
-    async def _post_status(self, key: Key, d: Decision, now: float) -> None:
+    async def _post_status(self, key: Key, d: Decision, now: float, with_conditions: bool) -> bool:
+        """status.autoscaling where it changed, and HPA's conditions into status.conditions where
+        ``with_conditions``, in one write; whether the conditions were written (else the reconciler writes them)."""
         tracked = self.tracked[key]
         roles = {}
         pods = self.pods.get(key, {}).values()
@@ -423,21 +429,55 @@ class Autoscaler:
         stored = ((self.owners.get(key) or {}).get("status") or {}).get("autoscaling")
         decided = _content(status, words=False)
         words_only = decided in (_content(tracked.written, words=False), _content(stored, words=False))
-        if content not in (tracked.written, _content(stored)) and (
+        due = content not in (tracked.written, _content(stored)) and (
             not words_only or now - tracked.written_at >= WORDS_REFRESH_SECONDS
-        ):
+        )
+        patch: dict[str, Any] = {"status": {"autoscaling": status}} if due else {"status": {}}
+        conditions = self._conditions_patch(key, d.conditions, now) if with_conditions else None
+        written = conditions == ()  # status has them already (a restarted operator's first decision)
+        if conditions:
+            patch["metadata"], patch["status"]["conditions"] = conditions
             try:
-                await self.kube.patch_status("AtomDeployment", *key, {"status": {"autoscaling": status}})
+                await self.kube.patch_status("AtomDeployment", *key, patch)
+                written = True
+            except KubeError as e:  # a conflict (409) the most likely: the object moved since the watch saw it
+                log.debug("status.conditions of %s/%s left to the reconciler: %s", *key, e)
+                del patch["metadata"], patch["status"]["conditions"]
+        if due and not written:
+            try:
+                await self.kube.patch_status("AtomDeployment", *key, patch)
             except KubeError as e:
                 if e.status != 404:
                     raise
             else:
                 tracked.written, tracked.written_at = content, now
+        elif due:
+            tracked.written, tracked.written_at = content, now
         if d.scaled:
             body = self.owners.get(key)
             if body is not None:
                 up = any(r is not None and r.desired > r.current for r in (d.decode, d.prefill))
                 await self._event(body, "ScaledUp" if up else "ScaledDown", d.reason[:1024])
+        return written
+
+    def _conditions_patch(
+        self, key: Key, conditions: tuple[Condition, ...], now: float
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]] | tuple[()] | None:
+        """status.conditions with HPA's replaced, the others as the watch saw them, and the resourceVersion that
+        guards the write (the API server refuses it if the object moved since); () where status holds them
+        already, None without a resourceVersion."""
+        meta = (self.owners.get(key) or {}).get("metadata") or {}
+        if not meta.get("resourceVersion"):
+            return None
+        stored = [c for c in ((self.owners[key].get("status") or {}).get("conditions") or []) if isinstance(c, dict)]
+        previous = {c["type"]: c for c in stored if "type" in c}
+        ours = [owner_status.Condition(c.type, c.status == "True", c.reason, c.message).stamped(
+            int(meta.get("generation") or 0), previous, _rfc3339(now)) for c in conditions]  # fmt: skip
+        # The reconciler's order: its own conditions first, HPA's last.
+        merged = [c for c in stored if c.get("type") not in CONDITION_TYPES] + ours
+        if merged == stored:
+            return ()
+        return {"resourceVersion": meta["resourceVersion"]}, merged
 
     async def _event(self, owner: dict[str, Any], reason: str, message: str, warning: bool = False) -> None:
         # Awaited, unlike the reconciler's (events.Recorder): a few per scale or drain step, on a loop that waits on

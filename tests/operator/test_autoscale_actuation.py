@@ -331,6 +331,12 @@ async def test_decisions_that_change_nothing_write_nothing(monkeypatch: pytest.M
     clock[0] += 15
     await again.step(KEY)
     assert len(again.kube.status_writes) == 0
+    # One whose first decision finds the same conditions but no status.autoscaling writes that, not the conditions.
+    del owners[KEY]["status"]["autoscaling"]
+    other, _ = autoscaler(monkeypatch, owners, running, clock)
+    clock[0] += 15
+    await other.step(KEY)
+    assert [set(w["status"]) for w in other.kube.status_writes] == [{"autoscaling"}], other.kube.status_writes
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -435,15 +435,16 @@ class Autoscaler:
         patch: dict[str, Any] = {"status": {"autoscaling": status}} if due else {"status": {}}
         conditions = self._conditions_patch(key, d.conditions, now) if with_conditions else None
         written = conditions == ()  # status has them already (a restarted operator's first decision)
+        sent = False  # the patch with the conditions went through, status.autoscaling in it where due
         if conditions:
             patch["metadata"], patch["status"]["conditions"] = conditions
             try:
                 await self.kube.patch_status("AtomDeployment", *key, patch)
-                written = True
+                written = sent = True
             except KubeError as e:  # a conflict (409) the most likely: the object moved since the watch saw it
                 log.debug("status.conditions of %s/%s left to the reconciler: %s", *key, e)
                 del patch["metadata"], patch["status"]["conditions"]
-        if due and not written:
+        if due and not sent:
             try:
                 await self.kube.patch_status("AtomDeployment", *key, patch)
             except KubeError as e:

@@ -148,6 +148,11 @@ def _content(autoscaling: dict[str, Any] | None, words: bool = True) -> dict[str
     return clean(autoscaling or {})
 
 
+def _as_status(conditions: tuple[Condition, ...]) -> tuple[owner_status.Condition, ...]:
+    """The decision's conditions as status computes and stamps them."""
+    return tuple(owner_status.Condition(c.type, c.status == "True", c.reason, c.message) for c in conditions)
+
+
 def _decided(conditions: tuple[Condition, ...]) -> tuple[tuple[str, str, str], ...]:
     """What the conditions say without their messages."""
     return tuple((c.type, c.status, c.reason) for c in conditions)
@@ -222,8 +227,7 @@ class Autoscaler:
         decision after a start, those status has (a restart does not drop them and stamp them anew)."""
         tracked = self.tracked.get(key)
         if tracked and tracked.conditions:
-            return tuple(owner_status.Condition(c.type, c.status == "True", c.reason, c.message)
-                         for c in tracked.conditions)  # fmt: skip
+            return _as_status(tracked.conditions)
         body = self.owners.get(key) or {}
         autoscaling = (body.get("spec") or {}).get("autoscaling") or {}
         if autoscaling.get("mode") not in ("Operator", "External"):
@@ -434,32 +438,30 @@ class Autoscaler:
         )
         patch: dict[str, Any] = {"status": {"autoscaling": status}} if due else {"status": {}}
         conditions = self._conditions_patch(key, d.conditions, now) if with_conditions else None
-        written = conditions == ()  # status has them already (a restarted operator's first decision)
-        sent = False  # the patch with the conditions went through, status.autoscaling in it where due
+        carried = False  # the conditions went out, status.autoscaling with them where due
         if conditions:
             patch["metadata"], patch["status"]["conditions"] = conditions
             try:
                 await self.kube.patch_status("AtomDeployment", *key, patch)
-                written = sent = True
+                carried = True
             except KubeError as e:  # a conflict (409) the most likely: the object moved since the watch saw it
                 log.debug("status.conditions of %s/%s left to the reconciler: %s", *key, e)
                 del patch["metadata"], patch["status"]["conditions"]
-        if due and not sent:
+        if due and not carried:
             try:
                 await self.kube.patch_status("AtomDeployment", *key, patch)
             except KubeError as e:
                 if e.status != 404:
                     raise
-            else:
-                tracked.written, tracked.written_at = content, now
-        elif due:
+                due = False  # the object is gone: nothing was written
+        if due:
             tracked.written, tracked.written_at = content, now
         if d.scaled:
             body = self.owners.get(key)
             if body is not None:
                 up = any(r is not None and r.desired > r.current for r in (d.decode, d.prefill))
                 await self._event(body, "ScaledUp" if up else "ScaledDown", d.reason[:1024])
-        return written
+        return carried or conditions == ()  # (): status has them already (a restarted operator's first decision)
 
     def _conditions_patch(
         self, key: Key, conditions: tuple[Condition, ...], now: float
@@ -467,13 +469,14 @@ class Autoscaler:
         """status.conditions with HPA's replaced, the others as the watch saw them, and the resourceVersion that
         guards the write (the API server refuses it if the object moved since); () where status holds them
         already, None without a resourceVersion."""
-        meta = (self.owners.get(key) or {}).get("metadata") or {}
+        body = self.owners.get(key) or {}
+        meta = body.get("metadata") or {}
         if not meta.get("resourceVersion"):
             return None
-        stored = [c for c in ((self.owners[key].get("status") or {}).get("conditions") or []) if isinstance(c, dict)]
+        stored = [c for c in (body.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
         previous = {c["type"]: c for c in stored if "type" in c}
-        ours = [owner_status.Condition(c.type, c.status == "True", c.reason, c.message).stamped(
-            int(meta.get("generation") or 0), previous, _rfc3339(now)) for c in conditions]  # fmt: skip
+        generation = int(meta.get("generation") or 0)
+        ours = [c.stamped(generation, previous, _rfc3339(now)) for c in _as_status(conditions)]
         # The reconciler's order: its own conditions first, HPA's last.
         merged = [c for c in stored if c.get("type") not in CONDITION_TYPES] + ours
         if merged == stored:

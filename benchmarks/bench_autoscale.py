@@ -222,6 +222,38 @@ def in_band(p: int, d: int) -> bool:
     return p * dmin >= pmin * d and p * dmax <= pmax * d
 
 
+BUSIEST_SECONDS = 10.0  # the span the drawn arrivals' busiest stretch is counted over
+BUSIEST_DRAWS = 1000  # draws of the same phase the busiest stretch is compared with
+RARE_DRAW = 0.01  # a phase drawn busier than all but this share of its draws is named beside its verdicts
+
+
+def busiest(starts: list[float], span: float = BUSIEST_SECONDS) -> int:
+    """The most arrivals within any ``span`` seconds."""
+    starts = sorted(starts)
+    most, j = 0, 0
+    for i, s in enumerate(starts):
+        while j < len(starts) and starts[j] < s + span:
+            j += 1
+        most = max(most, j - i)
+    return most
+
+
+def as_busy_share(count: int, rate: float, seconds: float, draws: int = BUSIEST_DRAWS) -> float:
+    """The share of open-loop phases of this rate and length, drawn as the client draws them (exponential gaps),
+    whose busiest stretch holds at least ``count`` arrivals: how unusual the drawn schedule is. The optimum column
+    is the phase's mean rate; a stretch that few draws reach is load the decision may rightly read as a step."""
+    import random
+
+    rng = random.Random(0)
+    hits = 0
+    for _ in range(draws):
+        at, starts = 0.0, []
+        while (at := at + rng.expovariate(rate)) < seconds:
+            starts.append(at)
+        hits += busiest(starts) >= count
+    return hits / draws
+
+
 def now() -> float:
     return time.time()
 
@@ -765,6 +797,24 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         )
     w("")
 
+    # -- the drawn arrivals, beside the mean rate the optimum is computed from
+    w(f"## Arrivals as drawn (open-loop phases; busiest {BUSIEST_SECONDS:.0f} s against the phase's rate)\n")
+    w(f"| Phase | requests (at the rate) | busiest {BUSIEST_SECONDS:.0f} s (at the rate) |"
+      f" draws of the phase at least as busy (of {BUSIEST_DRAWS}) |")  # fmt: skip
+    w("|---|---|---|---|")
+    rare: dict[str, float] = {}  # phases drawn busier than all but RARE_DRAW of their draws
+    for name, t_a, _, p in bounds:
+        if p.get("concurrency") or not p.get("rate"):
+            continue
+        starts = [r["start"] - t_a for r in reqs if r["phase"] == name]
+        most = busiest(starts)
+        share = as_busy_share(most, p["rate"], p["seconds"])
+        if share < RARE_DRAW:
+            rare[name] = share
+        w(f"| {name} | {len(starts)} ({p['rate'] * p['seconds']:.0f}) | {most} ({p['rate'] * BUSIEST_SECONDS:.1f}) |"
+          f" {share * BUSIEST_DRAWS:.0f} |")  # fmt: skip
+    w("")
+
     # -- drains
     w("## Scale-downs: cordon -> gone\n")
     w(
@@ -925,6 +975,15 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
 
     wrong = [r for r in phase_rows if r["desired"] != r["expected"]]
     unstable = [r for r in phase_rows if max(r["changes"].values()) > 1]
+
+    def named(rows: list[dict]) -> str:
+        """The phases, each drawn rarely busy with how rarely (the optimum is the mean rate's)."""
+        return ", ".join(
+            r["name"] + (f" (drawn busier than {100 - 100 * rare[r['name']]:.1f} % of its draws)" if r["name"] in rare
+                         else "")
+            for r in rows
+        )  # fmt: skip
+
     slow = [u for u in ups if u[1] is None or u[1] > 2]
     both = [u for u in ups if len(u[2]) == 2]
     summary = [
@@ -937,10 +996,10 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         f"| Negative control cuts >= 1 stream | {control_cut if control_cut is not None else '-'} cut |"
         f" {yes(None if control_cut is None else control_cut >= 1)} |",
         f"| Desired = the pacing optimum at each phase's end | {len(phase_rows) - len(wrong)} of {len(phase_rows)}"
-        f"{' (off: ' + ', '.join(r['name'] for r in wrong) + ')' if wrong else ''} | {yes(not wrong)} |",
+        f"{' (off: ' + named(wrong) + ')' if wrong else ''} | {yes(not wrong)} |",
         f"| Applied pairs inside the band or ScalingLimited | {'all' if band_ok else 'not all'} | {yes(band_ok)} |",
         f"| <= 1 change per role per steady phase (after the step's own) | {len(phase_rows) - len(unstable)} of"
-        f" {len(phase_rows)} | {yes(not unstable)} |",
+        f" {len(phase_rows)}{' (off: ' + named(unstable) + ')' if unstable else ''} | {yes(not unstable)} |",
         "| Scale-up reaction <= 2 decision intervals | "
         + (", ".join(f"{u[0]}: {'none' if u[1] is None else f'{u[1]:.1f}'}" for u in ups) or "-")
         + f" | {yes(None if not ups else not slow)} |",

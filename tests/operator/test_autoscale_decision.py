@@ -687,3 +687,33 @@ def test_the_budget_counts_the_npus_each_pod_requests(decode: dict, prefill: dic
     p = policy(spec)
     assert (p.npus_decode, p.npus_prefill) == (requested["decode"], requested["prefill"])
     assert p.cost(2, 3) == 2 * requested["prefill"] + 3 * requested["decode"]
+
+
+def test_a_queue_the_spare_clears_within_the_arrivals_window_waits_for_the_step_with_decode() -> None:
+    """The real node's C1 -> D (runs 16 and 17): 0.2 requests/s of 1000-token prompts on one worker, then D's first
+    interval, 4 requests half 200/200 and half 1000/20, three prompts queued. That count is no change point yet
+    (p about 0.02), so decode holds; read against one interval's clearing, the queue grew prefill alone, and decode
+    followed a decision later. The queued prompts arrived within the arrivals' window, whose rate already holds
+    them, and the worker's spare clears them within it: prefill waits for the change point, and both roles move
+    in its decision."""
+    p = make_policy(npuBudget=None, ratio=None)
+
+    def interval(i: int, requests: float, prompt: float, max_tokens: float, running: float, queued: float):
+        counts = Counts(end=i * 5.0, seconds=5.0, requests=requests, prompt_tokens=prompt, max_tokens=max_tokens,
+                        decode_seconds=0.05 * max_tokens, decoded_max_tokens=max_tokens)  # fmt: skip
+        decode = DecodeObservation(replicas=1, ready=1, answered=1, sequences=running, running=running,
+                                   waiting_for_kv=min(running, queued / 1000 + 1), counts=counts)  # fmt: skip
+        prefill = PrefillObservation(replicas=1, ready=1, answered=1, busy_seconds_per_second=0.4, busy_seconds=2.0,
+                                     tokens_per_busy_second=SPEED, waiting_tokens=queued)  # fmt: skip
+        return Observations(decode, prefill)
+
+    steady = [interval(i, 1.0, 1000.0, 20.0, 1.0, 0.0) for i in range(18)]  # C1: 0.2/s for a minute and a half
+    first = interval(18, 4.0, 2400.0, 440.0, 3.0, 3000.0)
+    second = interval(19, 6.0, 3600.0, 660.0, 5.0, 4000.0)
+    state, pairs, demands, d = State(started=-1000.0), [], [], None
+    for i, obs in enumerate([*steady, first, second]):
+        d = decide(obs, state, p, now=i * 5.0)
+        state, pairs, demands = d.state, [*pairs, pair(d)], [*demands, d.prefill.demand]
+    assert d is not None and set(pairs[:-1]) == {(1, 1)}, (pairs, demands[-2])
+    assert "3000 tok queued (0 beyond what the workers clear in 30 s)" in demands[-2], demands[-2]
+    assert pairs[-1][0] >= 2 and pairs[-1][1] >= 2, d.reason

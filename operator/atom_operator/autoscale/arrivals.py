@@ -88,6 +88,11 @@ class Rates:
     steady_caution: float = 1.0  # the share of those means CAUTION standard deviations of the count below them
 
 
+def window_seconds(interval: float) -> float:
+    """The span a steady rate is read over: WINDOW_SECONDS, and at least two decision intervals."""
+    return max(WINDOW_SECONDS, 2 * interval)
+
+
 def _total(intervals: tuple[Counts, ...]) -> tuple[float, float]:
     return sum(c.requests for c in intervals), sum(c.seconds for c in intervals)
 
@@ -129,7 +134,7 @@ def remixed(intervals: tuple[Counts, ...], interval: float) -> int:
     """How many of the newest intervals hold a new mix of requests (see MIX_FACTOR); 0 for none.
 
     The newest intervals that hold MIX_REQUESTS requests, within one window, against the ones before them."""
-    most = max(1, round(max(WINDOW_SECONDS, 2 * interval) / interval))
+    most = max(1, round(window_seconds(interval) / interval))
     for k in range(1, min(most, len(intervals) - 1) + 1):
         newer, older = intervals[-k:], intervals[:-k]
         if _total(newer)[0] < MIX_REQUESTS:
@@ -170,7 +175,7 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
             mixed_since = mix[-k - 1].end
             since = max(since, mixed_since)
     regime = tuple(c for c in history if c.end > since)
-    current = tuple(c for c in regime if counts.end - c.end < max(WINDOW_SECONDS, 2 * interval))
+    current = tuple(c for c in regime if counts.end - c.end < window_seconds(interval))
     requests, seconds = _total(current)
     shape = [c for c in history if c.decoded_max_tokens > 0]
     decoded = sum(c.decoded_max_tokens for c in shape)

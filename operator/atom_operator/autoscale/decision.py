@@ -10,7 +10,8 @@ time. In order:
    regime's, a floor under the lanes decoding now), over lanes x occupancy target. A longer wait for a remote KV,
    and requests queued behind it, are prefill's shortfall, not decode's; an engine that does not report max_tokens
    falls back to running + waiting less the lanes waiting for KV. Prefill: prompt tokens per second *arriving at
-   decode pods* plus the workers' backlog beyond what they clear within the window at full speed, over the
+   decode pods* plus the workers' backlog beyond what they clear at full speed within the span the arrivals are
+   read over (a queue after a step counts whole), over the
    tokens per busy second a worker computes (measured from its own counters) x its utilization target.
    Arrivals, not served rates, so a load step that needs both roles moves both in the same decision (a served
    rate would only rise after the other role had grown and let more through).
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from atom_operator.api.band import prefill_range
 from atom_operator.autoscale import arrivals
 from atom_operator.autoscale.arrivals import Counts, Rates, Window
+from atom_operator.autoscale.arrivals import window_seconds as arrivals_window_seconds
 from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
 
 # An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
@@ -230,22 +232,26 @@ def _prefill_need(obs: Observations, speed: float | None, policy: Policy, rates:
     if policy.ttft_seconds is not None and speed and arrivals and requests:
         service = arrivals / requests / speed
         utilization = utilization_for_slo(policy.ttft_seconds, service)
-        backlog_window = max(policy.ttft_seconds - service, policy.interval_seconds / 10)
+        backlog_window = clear_within = max(policy.ttft_seconds - service, policy.interval_seconds / 10)
     else:
         utilization = policy.utilization or UTILIZATION_RANGE[1]
         backlog_window = policy.interval_seconds
+        # The span the rates were read over (one interval where the pods' counts were not windowed).
+        clear_within = arrivals_window_seconds(policy.interval_seconds) if rates is not None else backlog_window
     if policy.coupled and speed and arrivals is not None and not _answered(d):
         # In a steady load a queue is a shortfall only where the workers there, at full speed beside the arrivals,
-        # cannot clear it within the window: a prompt queued behind another (a Poisson clump) is not load. Pods
-        # still starting count, as in the targets. After a step the whole queue counts: the arrivals are read
+        # cannot clear it within the span the arrivals are read over: its prompts arrived within that span, so
+        # the rate already holds them, and a prompt queued behind another (a Poisson clump) is not load. With an
+        # SLO the span is what the TTFT leaves after the compute. Pods still starting count, as in the targets.
+        # What is left counts within one interval. After a step the whole queue counts: the arrivals are read
         # cautiously then, and the queue is the step's first evidence.
         stepping = rates is not None and rates.stepping
-        spare = 0.0 if stepping else max(0.0, (p.replicas - p.unschedulable) * speed - arrivals) * backlog_window
+        spare = 0.0 if stepping else max(0.0, (p.replicas - p.unschedulable) * speed - arrivals) * clear_within
         backlog = max(0.0, p.waiting_tokens - spare)
         load = arrivals + backlog / backlog_window
         demand = f"{arrivals:.0f} tok/s + {p.waiting_tokens:.0f} tok queued"
         if p.waiting_tokens and backlog < p.waiting_tokens:
-            demand += f" ({backlog:.0f} beyond what the workers clear in {backlog_window:.0f} s)"
+            demand += f" ({backlog:.0f} beyond what the workers clear in {clear_within:.0f} s)"
         demand += f" at {speed:.0f} tok/s per worker"
         return _Need(load, speed * utilization, False, demand)
     if p.busy_seconds_per_second is not None and not _answered(p):

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from atom_operator.api import AtomDeploymentSpec
 from atom_operator.autoscale.arrivals import Counts
-from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation, State, decide
+from atom_operator.autoscale.decision import State, decide
+from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation
 from atom_operator.autoscale.policy import policy
 
 OUT = Path(__file__).parent / "results" / "autoscaling-simulation.md"

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 from atom_operator.autoscale import arrivals
 from atom_operator.autoscale.arrivals import Counts, Window
-from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation, State, decide
+from atom_operator.autoscale.decision import State, decide
+from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation
 
 from tests.operator.test_autoscale_decision import LANES, SPEED, make_policy, pair
 

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 from atom_operator.api import AtomDeploymentSpec
 from atom_operator.autoscale.arrivals import Counts
-from atom_operator.autoscale.decision import (
-    Decision,
-    DecodeObservation,
-    Observations,
-    PrefillObservation,
-    State,
-    decide,
-    utilization_for_slo,
-)
+from atom_operator.autoscale.decision import Decision, State, decide, utilization_for_slo
 from atom_operator.autoscale.loop import direction
+from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation
 from atom_operator.autoscale.policy import Policy, policy
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -26,7 +26,7 @@ time. In order:
    covers the larger share of both roles' targets (water-filling: max of min(got/target)), then the cheapest.
    Scale-up biased: with a pair that meets both targets, nothing is lowered.
 6. **What the cluster holds**: once pods stay Pending as unschedulable, the NPUs of the ones placed (a pod that
-   requests none, on the cpu backend, counting as one) become a second budget for ``CAPACITY_MEMORY_SECONDS``,
+   requests none, on the cpu backend, counting as one) become a second budget for a while (:mod:`.room`),
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
    pods that cannot run (``ScalingLimited/InsufficientNPUs``). A stuck pod a role's down window keeps beyond its
    recommendation is no claim on the room (it serves nothing). When the memory lapses the decision asks again,
@@ -41,11 +41,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from atom_operator.api.band import prefill_range
 from atom_operator.autoscale import arrivals
-from atom_operator.autoscale.arrivals import Counts, Rates, Window
+from atom_operator.autoscale.arrivals import Rates, Window
 from atom_operator.autoscale.arrivals import window_seconds as arrivals_window_seconds
+from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation, RoleObservation
 from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
+from atom_operator.autoscale.room import Room, claim, learn
+from atom_operator.autoscale.share import npu_bound, share
 
 # An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
 ANSWERED_SHARE_MIN = 0.5
@@ -53,60 +55,6 @@ ANSWERED_SHARE_MIN = 0.5
 MIN_BUSY_SECONDS = 0.5
 # Weight of a new speed measurement against the previous estimate.
 SPEED_SMOOTHING = 0.5
-# How long what the cluster could place bounds the pairs after pods stayed unschedulable; each probe that finds no
-# more room doubles it, up to the longest.
-CAPACITY_MEMORY_SECONDS = 300.0
-CAPACITY_MEMORY_LONGEST_SECONDS = 1200.0
-
-
-@dataclass(frozen=True)
-class RoleObservation:
-    """One role this interval: its current replicas (the target, pods not yet Ready included) and its pods."""
-
-    replicas: int
-    ready: int
-    answered: int  # Ready pods whose metrics were read this interval
-    rolling_out: bool = False  # a rollout's ReplicaSets scale proportionally: no victim can be chosen, no shrink
-    draining: int = 0
-    unschedulable: int = 0  # of replicas, pods the scheduler has not placed for a while
-    terminating: int = 0  # pods being deleted (not in replicas), which hold their NPUs until they are gone
-
-
-@dataclass(frozen=True)
-class DecodeObservation(RoleObservation):
-    sequences: float = 0.0  # sum over the answered pods of running + waiting (the interval's mean)
-    waiting_for_kv: float = 0.0  # of which lanes only wait for a remote prefill's KV
-    arrived_tokens_per_second: float | None = None  # prompt tokens arriving (at enqueue), all decode pods
-    arrived_requests_per_second: float | None = None
-    running: float | None = None  # lanes held (of sequences), waiting_for_kv included
-    counts: Counts | None = None  # this interval's arrivals and ended requests, for the window (None: no pair)
-
-
-@dataclass(frozen=True)
-class PrefillObservation(RoleObservation):
-    busy_seconds_per_second: float | None = None  # sum over the workers of busy time per second
-    busy_seconds: float = 0.0  # busy time the speed below was measured over
-    tokens_per_busy_second: float | None = None  # prompt tokens computed per busy second, this window
-    waiting_tokens: float = 0.0  # prompt tokens queued at the workers
-
-
-@dataclass(frozen=True)
-class Observations:
-    decode: DecodeObservation
-    prefill: PrefillObservation | None = None  # None when the deployment has no prefill role
-    external_decode: int | None = None  # External mode: spec.decode.replicas as an HPA or KEDA wrote it
-
-
-@dataclass(frozen=True)
-class Room:
-    """What the cluster showed it can place: the units of the pods it placed while some stayed unschedulable."""
-
-    units: int
-    until: float  # the pairs stay within ``units`` until then
-    memory: float = CAPACITY_MEMORY_SECONDS  # how long this reading bounds the pairs after stuck pods were last seen
-
-    def holds(self, now: float) -> bool:
-        return now < self.until
 
 
 @dataclass(frozen=True)
@@ -315,108 +263,13 @@ def _yield_to_prefill(
     by a lane or two between readings, and at one pod's lanes exactly the count read 1, 2, 1, 2, so the down
     window, which keeps the largest, never let the yield happen (run 14's C3b, 3.1 and 4.2 lanes in turn)."""
     d_rec = recommended[1]
-    bound = _npu_bound(recommended, policy, room)
+    bound = npu_bound(recommended, policy, room)
     if not bound or hold or need is None or not waited:
         return d_rec, ""
     b = policy.bounds
     full = _recommend(replace(need, capacity=policy.lanes * (1 + policy.tolerance)), obs.replicas, b.decode_min,
                       b.decode_max, policy.tolerance, heading)  # fmt: skip
     return (full, bound) if full < d_rec else (d_rec, "")
-
-
-def _npu_bound(targets: tuple[int, int], policy: Policy, room: int | None) -> str:
-    """Which NPU bound the pair exceeds, the cluster's room before the budget; '' for neither."""
-    if room is not None and units(policy, *targets) > room:
-        return "InsufficientNPUs"
-    if policy.npu_budget is not None and policy.cost(*targets) > policy.npu_budget:
-        return "NPUBudget"
-    return ""
-
-
-def units(policy: Policy, prefill: int, decode: int) -> int:
-    """What the cluster's room is counted in: NPUs, a pod that requests none (the cpu backend) counting as one."""
-    return prefill * (policy.npus_prefill or 1) + decode * (policy.npus_decode or 1)
-
-
-def _capacity(obs: Observations, state: State, policy: Policy, now: float) -> State:
-    """The room the cluster showed: the units of the pods it placed, while some of this deployment's stay Pending.
-
-    Once the reading lapses the decision asks for what the targets need again (a probe). A probe that finds no
-    more room than before doubles how long the reading lasts, up to ``CAPACITY_MEMORY_LONGEST_SECONDS``; more room
-    resets it. A node that is not coming costs a Pending pod every five minutes otherwise, and each one counts
-    toward its role's target for the minute before it is seen as stuck (runs 13-15's C3b and D ended on one)."""
-    p, d = obs.prefill, obs.decode
-    stuck = d.unschedulable + (p.unschedulable if p else 0)
-    if not stuck:
-        return state
-    # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
-    # The latest reading replaces an older one: the cluster may have grown or shrunk since.
-    placed = units(
-        policy,
-        p.replicas - p.unschedulable + p.terminating if p else 0,
-        d.replicas - d.unschedulable + d.terminating,
-    )
-    last = state.capacity
-    memory = CAPACITY_MEMORY_SECONDS
-    if last is not None and placed <= last.units:
-        probed = not last.holds(now)
-        memory = min(CAPACITY_MEMORY_LONGEST_SECONDS, last.memory * 2) if probed else last.memory
-    return replace(state, capacity=Room(placed, now + memory, memory))
-
-
-def _to_keep(stable: int, recommended: int, obs: RoleObservation) -> int:
-    """What a role asks of the room: its stabilized count, less the pods its down window keeps beyond its
-    recommendation that the cluster has not placed. The window keeps pods that serve while a lower reading may yet
-    pass; a pod stuck Pending serves nothing, and sharing the room for it gave up the other role's Ready pod (run
-    15's C3: prefill's idle third worker removed for decode's Pending second pod, which the yield had left)."""
-    if stable <= recommended:
-        return stable
-    return min(stable, max(recommended, obs.replicas - obs.unschedulable))
-
-
-def _joint(
-    targets: tuple[int, int], policy: Policy, decode_ceiling: bool, room_left: int | None = None
-) -> tuple[tuple[int, int], str]:
-    """The allowed pair closest to the targets: the band, the budget and the cluster's room (``room_left`` units),
-    shared out by water-filling."""
-    p_t, d_t = targets
-    b = policy.bounds
-    best: tuple[tuple[float, int, int, int], tuple[int, int]] | None = None
-    # External: the HPA's count is a ceiling the band or the budget may lower, and raise only if nothing below fits.
-    decodes = range(b.decode_min, (d_t if decode_ceiling else b.decode_max) + 1)
-    for d in decodes:
-        lo, hi = prefill_range(d, b, policy.band)
-        if policy.npu_budget is not None:
-            room = policy.npu_budget - d * policy.npus_decode
-            if room < 0:
-                continue
-            if policy.npus_prefill:
-                hi = min(hi, room // policy.npus_prefill)
-        if room_left is not None:
-            if room_left < units(policy, 0, d):
-                continue
-            if units(policy, 1, 0):
-                hi = min(hi, (room_left - units(policy, 0, d)) // units(policy, 1, 0))
-        if lo > hi:
-            continue
-        p = min(hi, max(lo, p_t))
-        coverage = min(min(1.0, p / p_t) if p_t else 1.0, min(1.0, d / d_t) if d_t else 1.0)
-        key = (-coverage, policy.cost(p, d), p + d, abs(d - d_t))
-        if best is None or key < best[0]:
-            best = (key, (p, d))
-    if best is None and room_left is not None:  # no allowed pair fits the room: the spec (and the HPA) win
-        return _joint(targets, policy, decode_ceiling)
-    if best is None and decode_ceiling:  # no pair at or below the HPA's count: the band and the budget win
-        return _joint(targets, policy, decode_ceiling=False)
-    assert best is not None, "admission guarantees a pair inside the bounds, the band and the budget"
-    pair = best[1]
-    if pair == targets:
-        return pair, ""
-    bound = _npu_bound(targets, policy, room_left)
-    if bound:
-        return pair, bound
-    in_band = policy.band is None or policy.band.contains(p_t, d_t)
-    return pair, ("RatioAdjusted" if not in_band else "Adjusted")
 
 
 def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decision:
@@ -459,7 +312,7 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     state = replace(state, tokens_per_busy_second=speed)
 
     # 6 first, for the yield: what the cluster showed it can place.
-    state = _capacity(obs, state, policy, now)
+    state = replace(state, capacity=learn(obs, state.capacity, policy, now))
     room = state.capacity.units if state.capacity and state.capacity.holds(now) else None
     d_full, bound = d_rec, ""
     if d_need is not None and d_need.for_prefill > 0:
@@ -483,15 +336,15 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
 
     # 5-6: band, budget and the cluster's room together.
     if policy.prefill_scaled and obs.prefill is not None:
-        shares = (_to_keep(p_stable, p_rec, obs.prefill), _to_keep(d_stable, d_rec, obs.decode))
-        (p_new, d_new), limit = _joint(shares, policy, external, room)
+        shares = (claim(p_stable, p_rec, obs.prefill), claim(d_stable, d_rec, obs.decode))
+        (p_new, d_new), limit = share(shares, policy, external, room)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
             pods = f"{d_rec} pod" + ("s" if d_rec != 1 else "")
             d_demand += f"; lanes wait for prefill and the NPUs bind: {pods} at full occupancy"
     else:
         fixed = replace(policy, band=None, bounds=replace(b, prefill_min=p_cur, prefill_max=p_cur))
-        (p_new, d_new), limit = _joint((p_cur, d_stable), fixed, external, room)
+        (p_new, d_new), limit = share((p_cur, d_stable), fixed, external, room)
 
     history = dict(state.history)
     if d_hist:

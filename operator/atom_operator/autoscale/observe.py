@@ -1,4 +1,4 @@
-"""From the pods' scrapes to the decision's :class:`~atom_operator.autoscale.decision.Observations`. No I/O.
+"""From the pods' scrapes to the decision's :class:`~atom_operator.autoscale.observations.Observations`. No I/O.
 
 Gauges are summed over the pods that answered; counters become rates from two scrapes of the same pod (a pod
 whose counters went back, i.e. restarted, gives no rate this time). Cordoned pods (draining) take no new work, so
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from atom_operator.autoscale.arrivals import Counts
-from atom_operator.autoscale.decision import DecodeObservation, Observations, PrefillObservation
+from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation
 from atom_operator.autoscale.scrape import Sample
 
 RUNNING = "vllm:num_requests_running"

@@ -1,0 +1,70 @@
+"""What the cluster showed it can place, remembered for a while; and what each role claims of it. No I/O.
+
+Once pods stay Pending as unschedulable, the units of the pods the cluster placed bound the pairs the decision asks
+for (:mod:`.share`), so nothing asks for pods that cannot run. The reading lapses and is probed again, less often
+each time the probe finds no more room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atom_operator.autoscale.observations import Observations, RoleObservation
+from atom_operator.autoscale.policy import Policy
+
+# How long what the cluster could place bounds the pairs after pods stayed unschedulable; each probe that finds no
+# more room doubles it, up to the longest.
+CAPACITY_MEMORY_SECONDS = 300.0
+CAPACITY_MEMORY_LONGEST_SECONDS = 1200.0
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the cluster showed it can place: the units of the pods it placed while some stayed unschedulable."""
+
+    units: int
+    until: float  # the pairs stay within ``units`` until then
+    memory: float = CAPACITY_MEMORY_SECONDS  # how long this reading bounds the pairs after stuck pods were last seen
+
+    def holds(self, now: float) -> bool:
+        return now < self.until
+
+
+def units(policy: Policy, prefill: int, decode: int) -> int:
+    """What the cluster's room is counted in: NPUs, a pod that requests none (the cpu backend) counting as one."""
+    return prefill * (policy.npus_prefill or 1) + decode * (policy.npus_decode or 1)
+
+
+def learn(obs: Observations, last: Room | None, policy: Policy, now: float) -> Room | None:
+    """The room the cluster showed: the units of the pods it placed, while some of this deployment's stay Pending.
+
+    Once the reading lapses the decision asks for what the targets need again (a probe). A probe that finds no
+    more room than before doubles how long the reading lasts, up to ``CAPACITY_MEMORY_LONGEST_SECONDS``; more room
+    resets it. A node that is not coming costs a Pending pod every five minutes otherwise, and each one counts
+    toward its role's target for the minute before it is seen as stuck (runs 13-15's C3b and D ended on one)."""
+    p, d = obs.prefill, obs.decode
+    stuck = d.unschedulable + (p.unschedulable if p else 0)
+    if not stuck:
+        return last
+    # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
+    # The latest reading replaces an older one: the cluster may have grown or shrunk since.
+    placed = units(
+        policy,
+        p.replicas - p.unschedulable + p.terminating if p else 0,
+        d.replicas - d.unschedulable + d.terminating,
+    )
+    memory = CAPACITY_MEMORY_SECONDS
+    if last is not None and placed <= last.units:
+        probed = not last.holds(now)
+        memory = min(CAPACITY_MEMORY_LONGEST_SECONDS, last.memory * 2) if probed else last.memory
+    return Room(placed, now + memory, memory)
+
+
+def claim(stable: int, recommended: int, obs: RoleObservation) -> int:
+    """What a role asks of the room: its stabilized count, less the pods its down window keeps beyond its
+    recommendation that the cluster has not placed. The window keeps pods that serve while a lower reading may yet
+    pass; a pod stuck Pending serves nothing, and sharing the room for it gave up the other role's Ready pod (run
+    15's C3: prefill's idle third worker removed for decode's Pending second pod, which the yield had left)."""
+    if stable <= recommended:
+        return stable
+    return min(stable, max(recommended, obs.replicas - obs.unschedulable))

@@ -710,3 +710,16 @@ def test_a_queue_the_spare_clears_within_the_arrivals_window_waits_for_the_step_
     assert d is not None and set(pairs[:-1]) == {(1, 1)}, (pairs, demands[-2])
     assert "3000 tok queued (0 beyond what the workers clear in 30 s)" in demands[-2], demands[-2]
     assert pairs[-1][0] >= 2 and pairs[-1][1] >= 2, d.reason
+
+
+def test_a_role_held_above_a_lowered_max_does_not_take_the_other_below_its_target() -> None:
+    """Run 18's C2: the spec lowered prefill's maxReplicas to 1 while prefill ran 2 and its down window still held
+    2 (the share then read 2:2 as the targets). Prefill's share could not pass 1 of its 2, so every decode count
+    covered the same worst share (a half) and the cheapest, decode 1, won: decode's busy pod was cordoned and
+    un-cordoned a decision later, when the window had let prefill go. maxReplicas applies at once, as in HPA, and
+    where one role's share is capped, the other still gets its target."""
+    p = make_policy(npuBudget=None, ratio=None, prefill={"minReplicas": 1, "maxReplicas": 1})
+    obs = load(0.6, 1000, 8.0, decode=2, prefill=2)  # decode 0.6 x 8 s = 4.8 sequences (1.2 more wait) -> 2
+    state = State(started=-1000.0, history={"prefill": ((-5.0, 2),), "decode": ((-5.0, 2),)})
+    d = decide(obs, state, p, now=0.0)
+    assert pair(d) == (1, 2), d.reason

@@ -23,7 +23,8 @@ time. In order:
    recommendation of the up window, shrinking to the largest of the down window (and not before one down window
    after the operator started); at most so many pods per decision.
 5. **Band and budget, jointly**: among the pairs inside the bounds, the ratio band and the NPU budget, the one that
-   covers the larger share of both roles' targets (water-filling: max of min(got/target)), then the cheapest.
+   covers the larger share of both roles' targets (water-filling: max of min(got/target)), then the larger share
+   of the other role's, then the cheapest.
    Scale-up biased: with a pair that meets both targets, nothing is lowered.
 6. **What the cluster holds**: once pods stay Pending as unschedulable, the NPUs of the ones placed (a pod that
    requests none, on the cpu backend, counting as one) become a second budget for a while (:mod:`.room`),

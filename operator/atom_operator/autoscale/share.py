@@ -1,5 +1,6 @@
 """The pair of replica counts closest to both roles' targets within the bounds, the ratio band, the NPU budget and
-the cluster's room: water-filling, the larger share of the worse-served role's target first. No I/O."""
+the cluster's room: water-filling, the larger share of the worse-served role's target first, then of the other's,
+then the cheaper pair. No I/O."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def share(
     shared out by water-filling."""
     p_t, d_t = targets
     b = policy.bounds
-    best: tuple[tuple[float, int, int, int], tuple[int, int]] | None = None
+    best: tuple[tuple[float, float, int, int, int], tuple[int, int]] | None = None
     # External: the HPA's count is a ceiling the band or the budget may lower, and raise only if nothing below fits.
     decodes = range(b.decode_min, (d_t if decode_ceiling else b.decode_max) + 1)
     for d in decodes:
@@ -34,8 +35,10 @@ def share(
         if lo > hi:
             continue
         p = min(hi, max(lo, p_t))
-        coverage = min(min(1.0, p / p_t) if p_t else 1.0, min(1.0, d / d_t) if d_t else 1.0)
-        key = (-coverage, policy.cost(p, d), p + d, abs(d - d_t))
+        # Max-min, then the better-served role: where one role's share is capped (a bound below its target), every
+        # count of the other covers the same worst share, and the cheapest would take it below its own target.
+        shares = sorted((min(1.0, p / p_t) if p_t else 1.0, min(1.0, d / d_t) if d_t else 1.0))
+        key = (-shares[0], -shares[1], policy.cost(p, d), p + d, abs(d - d_t))
         if best is None or key < best[0]:
             best = (key, (p, d))
     if best is None and room_left is not None:  # no allowed pair fits the room: the spec (and the HPA) win

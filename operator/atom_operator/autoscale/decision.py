@@ -11,8 +11,8 @@ time. In order:
    and requests queued behind it, are prefill's shortfall, not decode's; an engine that does not report max_tokens
    falls back to running + waiting less the lanes waiting for KV. Prefill: prompt tokens per second *arriving at
    decode pods* plus the workers' backlog beyond what they clear at full speed within the span the arrivals are
-   read over (a queue after a step counts whole), over the
-   tokens per busy second a worker computes (measured from its own counters) x its utilization target.
+   read over (a queue after a step counts whole), over the tokens per busy second a worker computes (measured
+   from its own counters) x its utilization target.
    Arrivals, not served rates, so a load step that needs both roles moves both in the same decision (a served
    rate would only rise after the other role had grown and let more through).
 2. **Targets are absolute counts**, compared with the role's current replicas, pods not yet Ready included: a slow

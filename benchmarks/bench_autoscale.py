@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -242,8 +243,6 @@ def as_busy_share(count: int, rate: float, seconds: float, draws: int = BUSIEST_
     """The share of open-loop phases of this rate and length, drawn as the client draws them (exponential gaps),
     whose busiest stretch holds at least ``count`` arrivals: how unusual the drawn schedule is. The optimum column
     is the phase's mean rate; a stretch that few draws reach is load the decision may rightly read as a step."""
-    import random
-
     rng = random.Random(0)
     hits = 0
     for _ in range(draws):

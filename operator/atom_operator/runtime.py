@@ -50,7 +50,8 @@ def _namespace_of(body: dict[str, Any]) -> Key:
     return body["metadata"]["namespace"], ""
 
 
-# What the webhook's warnings read: the nodes' NPUs (all under one key) and the claims (by namespace).
+# What the webhook's warnings read: the nodes' NPUs (all under one key; the autoscaler reads them too) and the
+# claims (by namespace).
 WEBHOOK_WATCHED: tuple[tuple[str, OwnerOf], ...] = (
     ("Node", lambda _: EVERY_NODE),
     ("PersistentVolumeClaim", _namespace_of),
@@ -59,6 +60,11 @@ WEBHOOK_VIEWS = {
     "Node": lambda node: admission.node_npus((node.get("status") or {}).get("allocatable") or {}),
     "PersistentVolumeClaim": lambda _: True,
 }
+
+
+def cluster_npus(cluster: Stores) -> int:
+    """Every vendor NPU the nodes advertise as allocatable: a node joining shows as this growing."""
+    return sum(admission.total(cluster["Node"].owned_by(EVERY_NODE).values()).values())
 
 
 @dataclass
@@ -112,7 +118,7 @@ async def start(config: Settings) -> Runtime:
     cluster = Stores(WEBHOOK_VIEWS)
     namespaces = config.namespaces or (None,)
     scaler = Autoscaler(kube, controller.stores[KIND].by_key(), controller.stores["Deployment"].get,
-                        controller.enqueue)  # fmt: skip
+                        controller.enqueue, npus=lambda: cluster_npus(cluster))  # fmt: skip
     controller.replicas = scaler.replicas
     controller.scaling = scaler.conditions
     sink = Fanout(controller, scaler)  # the autoscaler sees the pods as the controller does
@@ -121,8 +127,9 @@ async def start(config: Settings) -> Runtime:
         for namespace in namespaces
         for kind, owner_of, selector in WATCHED
     ]
+    # The nodes' NPUs: the webhook's capacity warning, and the autoscaler's cue that a node joined.
+    informers.append(Informer(kube, "Node", None, WEBHOOK_WATCHED[0][1], cluster, config.resync_seconds))
     if config.webhook.enabled:
-        informers.append(Informer(kube, "Node", None, WEBHOOK_WATCHED[0][1], cluster, config.resync_seconds))
         informers += [Informer(kube, "PersistentVolumeClaim", namespace, WEBHOOK_WATCHED[1][1], cluster,
                                config.resync_seconds) for namespace in namespaces]
     runtime = Runtime(controller, informers, cluster)

@@ -292,7 +292,8 @@ def autoscaled_owner() -> dict:
     }  # fmt: skip
 
 
-def autoscaler(monkeypatch: pytest.MonkeyPatch, owners: dict, running: list[float], clock: list[float]):
+def autoscaler(monkeypatch: pytest.MonkeyPatch, owners: dict, running: list[float], clock: list[float],
+               npus: list[int | None] | None = None):
     from atom_operator.autoscale import loop
 
     async def fake_scrape(_session, urls, **_kw):  # noqa: ANN001, ANN202
@@ -303,7 +304,7 @@ def autoscaler(monkeypatch: pytest.MonkeyPatch, owners: dict, running: list[floa
     monkeypatch.setattr(loop, "scrape", fake_scrape)
     enqueued: list = []
     scaler = loop.Autoscaler(FakeKube(owners), owners, lambda _ns, _name: None, enqueued.append,
-                             clock=lambda: clock[0])  # fmt: skip
+                             clock=lambda: clock[0], npus=lambda: (npus or [None])[0])  # fmt: skip
     scaler._session = object()  # type: ignore[assignment]  # scrape is replaced
     scaler.pods[KEY] = {
         n: loop.PodInfo(n, "decode", f"10.0.0.{i}", True, 0.0, None, False) for i, n in enumerate(("a", "b"))
@@ -482,3 +483,39 @@ async def test_a_pod_pending_as_unschedulable_for_a_minute_limits_the_scale(monk
     assert "a" not in scaler.pods[KEY] and scaler.terminating[KEY] == {"a": "decode"}
     scaler.event("Pod", "DELETED", gone, KEY)
     assert scaler.terminating[KEY] == {}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_probe_turned_away_is_given_up_at_the_next_decision_and_a_node_joining_probes_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The room read (2 pods of 3 placed), its memory lapses: the decision asks for 3 again (a probe). The scheduler
+    turns the new pod away at once, and the next decision, 15 s later, gives it up: not a minute later. Then the
+    nodes' allocatable NPUs grow (a node joined): the next decision asks for 3 at once, the room's memory unspent."""
+    from atom_operator.autoscale import loop
+
+    owners = {KEY: autoscaled_owner()}
+    owners[KEY]["spec"]["decode"]["replicas"] = 3
+    running, clock, npus = [6.0], [1000.0], [4]  # 12 sequences on two pods of 4 lanes at 100 %: 3 pods
+    scaler, _ = autoscaler(monkeypatch, owners, running, clock, npus)
+    scaler.pods[KEY]["c"] = loop.PodInfo("c", "decode", None, False, 930.0, None, False, 930.0)
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 2  # stuck for 70 s: the room
+    del scaler.pods[KEY]["c"]  # the ReplicaSet removed it
+    memory = scaler.tracked[KEY].state.capacity.memory
+    clock[0] += memory + 1
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 3  # the probe
+    scaler.pods[KEY]["d"] = loop.PodInfo("d", "decode", None, False, clock[0] + 1, None, False, clock[0] + 1)
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 2, owners[KEY]["status"]
+    assert scaler.tracked[KEY].state.capacity.memory == 2 * memory
+    del scaler.pods[KEY]["d"]
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 2  # the room holds
+    npus[0] = 8
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 3, owners[KEY]["status"]

@@ -177,6 +177,53 @@ def test_a_probe_that_finds_no_more_room_waits_longer_before_the_next() -> None:
     assert (d.state.capacity.units, d.state.capacity.memory) == (5, 300.0)
 
 
+def test_a_probe_is_answered_by_the_scheduler_first_no_and_a_first_reading_waits_the_minute() -> None:
+    """Runs 16-20's C3b ended on a probe: its Pending pod counted toward decode's target for the minute before it
+    was taken for stuck. A probe asks whether room was freed, which the scheduler's first attempt answers: one
+    interval later the pair is back within the room, and the memory doubles. Outside a probe, pods the scheduler
+    has only just turned away are no reading yet (a cluster autoscaler may be adding a node): the minute holds."""
+    p = make_policy(npuBudget=None, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    want = load(1.5, 600, 5.0, decode=3, prefill=3)
+    placed = load(1.5, 600, 5.0, decode=2, prefill=2)
+    turned_away = replace(want, prefill=replace(want.prefill, ready=1, answered=1, newly_unschedulable=2))
+    first = decide(turned_away, State(), p, now=100.0)
+    assert first.state.capacity is None and pair(first) == (3, 3), first.reason  # not yet: the minute holds
+
+    stuck = replace(want, prefill=replace(want.prefill, ready=1, answered=1, unschedulable=2))
+    state = decide(placed, decide(stuck, State(), p, now=100.0).state, p, now=105.0).state
+    probe = decide(placed, state, p, now=401.0)
+    assert pair(probe) == (3, 3), probe.reason  # lapsed: the targets again
+    answered = decide(turned_away, probe.state, p, now=406.0)  # the new pods turned away at once
+    assert pair(answered) == (2, 2), answered.reason
+    assert (answered.state.capacity.units, answered.state.capacity.memory) == (4, 600.0)
+    assert condition(answered, "ScalingLimited") == ("True", "InsufficientNPUs")
+    message = next(c for c in answered.conditions if c.type == "ScalingLimited").message
+    assert "pods stayed Pending as unschedulable (2 now)" in message, message
+
+    # A reading lapsed as long ago as it held (300 s) is forgotten: pods turned away then wait the minute again.
+    forgotten = decide(turned_away, probe.state, p, now=100.0 + 300.0 + 300.0)
+    assert forgotten.state.capacity is None and pair(forgotten) == (3, 3), forgotten.reason
+
+
+def test_a_node_joining_lapses_the_room_at_once() -> None:
+    """The room is read while the nodes advertise 4 NPUs; a node with 4 more joins (a cluster autoscaler's, for
+    the pods that stayed Pending): the next decision asks for the targets, not five or twenty minutes later."""
+    p = make_policy(npuBudget=None, behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    want = load(1.5, 600, 5.0, decode=3, prefill=3)
+    stuck = replace(want, prefill=replace(want.prefill, ready=1, answered=1, unschedulable=2), npus=4)
+    placed = replace(load(1.5, 600, 5.0, decode=2, prefill=2), npus=4)
+    state = decide(placed, decide(stuck, State(), p, now=100.0).state, p, now=105.0).state
+    assert state.capacity.npus == 4
+    assert pair(decide(placed, state, p, now=200.0)) == (2, 2)
+    joined = decide(replace(placed, npus=8), state, p, now=200.0)
+    assert pair(joined) == (3, 3), joined.reason
+    # Its new pods are placed: nothing is stuck, and no room bounds the pairs.
+    settled = decide(replace(want, npus=8), joined.state, p, now=205.0)
+    assert pair(settled) == (3, 3) and not settled.state.capacity.holds(205.0)
+    # Nodes whose count is not known (the informer's) leave the room to its memory.
+    assert pair(decide(replace(placed, npus=None), state, p, now=200.0)) == (2, 2)
+
+
 def test_a_step_that_needs_both_roles_moves_both_in_one_decision() -> None:
     # From one of each, a load needing 3 prefill and 3 decode: one decision, not decode now and prefill later.
     obs = load(1.5, 600, 5.0)

@@ -47,7 +47,7 @@ from atom_operator.autoscale.arrivals import Rates, Window
 from atom_operator.autoscale.arrivals import window_seconds as arrivals_window_seconds
 from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation, RoleObservation
 from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
-from atom_operator.autoscale.room import Room, claim, learn
+from atom_operator.autoscale.room import Room, claim, learn, stuck_pods
 from atom_operator.autoscale.share import npu_bound, share
 
 # An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
@@ -406,7 +406,7 @@ def _conditions(obs, missing, needs, decode, prefill, stable, wanted, limit, pol
         elif limit == "InsufficientNPUs":
             npus = [policy.npus_decode] + ([policy.npus_prefill] if prefill else [])
             unit = "NPUs" if all(npus) else "pods" if not any(npus) else "NPUs (a pod without one counting one)"
-            stuck = obs.decode.unschedulable + (obs.prefill.unschedulable if obs.prefill else 0)
+            stuck = stuck_pods(obs, probing=True)
             why += (f": pods stayed Pending as unschedulable ({stuck} now); the pairs stay within the"
                     f" {state.capacity.units} {unit} the cluster placed for {state.capacity.memory:.0f} s")  # fmt: skip
         elif limit == "RatioAdjusted":

@@ -169,10 +169,11 @@ def direction(role: str, r: RoleDecision, d: Decision) -> str:
 class Autoscaler:
     def __init__(self, kube: Kube, owners: Mapping[Key, dict[str, Any]],
                  deployment: Callable[[str, str], dict[str, Any] | None], enqueue: Callable[[Key], None],
-                 *, port: int = METRICS_PORT, coupled: bool = True,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 *, port: int = METRICS_PORT, coupled: bool = True, clock: Callable[[], float] = time.time,
+                 npus: Callable[[], int | None] = lambda: None) -> None:  # fmt: skip
         self.kube, self.owners, self.deployment, self.enqueue = kube, owners, deployment, enqueue
         self.port, self.coupled, self.clock = port, coupled, clock
+        self.npus = npus  # the cluster's allocatable NPUs (the node informer's): a node joining re-reads the room
         self.pods: dict[Key, dict[str, PodInfo]] = {}
         # Pods being deleted (name -> role) until they are gone: they still hold their NPUs, which a pod Pending
         # as unschedulable meanwhile waits for; the cluster's room counts them.
@@ -311,6 +312,11 @@ class Autoscaler:
                     and now - p.unschedulable_since >= UNSCHEDULABLE_SECONDS
                     for p in pods.values()
                 ),
+                newly_unschedulable=sum(
+                    p.role == role and p.unschedulable_since is not None
+                    and now - p.unschedulable_since < UNSCHEDULABLE_SECONDS
+                    for p in pods.values()
+                ),
                 terminating=sum(r == role for r in self.terminating.get(key, {}).values()),
             )  # fmt: skip
             for role in roles
@@ -318,7 +324,7 @@ class Autoscaler:
         if due:
             tracked.samples = {n: s for n, s in found.items() if s is not None}
             external = spec.decode.replicas if a.mode == "External" else None
-            obs = observe.observations(readings["decode"], readings.get("prefill"), external)
+            obs = observe.observations(readings["decode"], readings.get("prefill"), external, self.npus())
             decision = decide(obs, tracked.state, policy(spec, coupled=self.coupled), now)
             tracked.state, tracked.decided_at = decision.state, now
             tracked.desired = {"decode": decision.decode.desired}

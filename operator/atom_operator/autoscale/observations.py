@@ -20,6 +20,7 @@ class RoleObservation:
     rolling_out: bool = False  # a rollout's ReplicaSets scale proportionally: no victim can be chosen, no shrink
     draining: int = 0
     unschedulable: int = 0  # of replicas, pods the scheduler has not placed for a while
+    newly_unschedulable: int = 0  # of replicas, pods the scheduler found no node for, not yet for a while
     terminating: int = 0  # pods being deleted (not in replicas), which hold their NPUs until they are gone
 
 
@@ -46,3 +47,4 @@ class Observations:
     decode: DecodeObservation
     prefill: PrefillObservation | None = None  # None when the deployment has no prefill role
     external_decode: int | None = None  # External mode: spec.decode.replicas as an HPA or KEDA wrote it
+    npus: int | None = None  # the cluster's allocatable NPUs, every vendor resource on every node (None: not known)

@@ -46,6 +46,7 @@ class RoleReading:
     pods: Sequence[PodReading]
     rolling_out: bool = False
     unschedulable: int = 0  # pods the scheduler has not placed for a while (no NPU free)
+    newly_unschedulable: int = 0  # pods the scheduler found no node for, not yet for a while
     terminating: int = 0  # pods being deleted, beyond replicas, still holding what they requested
 
 
@@ -77,6 +78,7 @@ def _counts(role: RoleReading) -> dict[str, int]:
         "answered": sum(p.sample is not None for p in serving),
         "draining": sum(p.draining for p in role.pods),
         "unschedulable": role.unschedulable,
+        "newly_unschedulable": role.newly_unschedulable,
         "terminating": role.terminating,
     }
 
@@ -140,11 +142,13 @@ def prefill_observation(role: RoleReading) -> PrefillObservation:
     )
 
 
-def observations(decode: RoleReading, prefill: RoleReading | None, external_decode: int | None = None) -> Observations:
+def observations(decode: RoleReading, prefill: RoleReading | None, external_decode: int | None = None,
+                 npus: int | None = None) -> Observations:
     return Observations(
         decode_observation(decode),
         prefill_observation(prefill) if prefill is not None else None,
         external_decode,
+        npus,
     )
 
 

@@ -2,12 +2,12 @@
 
 Once pods stay Pending as unschedulable, the units of the pods the cluster placed bound the pairs the decision asks
 for (:mod:`.share`), so nothing asks for pods that cannot run. The reading lapses and is probed again, less often
-each time the probe finds no more room.
+each time the probe finds no more room, and at once when the cluster's NPUs grow (a node joined).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from atom_operator.autoscale.observations import Observations, RoleObservation
 from atom_operator.autoscale.policy import Policy
@@ -25,6 +25,7 @@ class Room:
     units: int
     until: float  # the pairs stay within ``units`` until then
     memory: float = CAPACITY_MEMORY_SECONDS  # how long this reading bounds the pairs after stuck pods were last seen
+    npus: int | None = None  # the cluster's allocatable NPUs when it was read (None: not known)
 
     def holds(self, now: float) -> bool:
         return now < self.until
@@ -41,23 +42,42 @@ def learn(obs: Observations, last: Room | None, policy: Policy, now: float) -> R
     Once the reading lapses the decision asks for what the targets need again (a probe). A probe that finds no
     more room than before doubles how long the reading lasts, up to ``CAPACITY_MEMORY_LONGEST_SECONDS``; more room
     resets it. A node that is not coming costs a Pending pod every five minutes otherwise, and each one counts
-    toward its role's target for the minute before it is seen as stuck (runs 13-15's C3b and D ended on one)."""
-    p, d = obs.prefill, obs.decode
-    stuck = d.unschedulable + (p.unschedulable if p else 0)
-    if not stuck:
+    toward its role's target (runs 13-15's C3b and D ended on one).
+
+    A pod counts as stuck once the scheduler has found no node for it for ``UNSCHEDULABLE_SECONDS`` (the loop's),
+    which leaves a cluster autoscaler time to add one. A probe's pods count at the scheduler's first no: a probe
+    asks whether room was freed since, which that attempt answers; a node the autoscaler adds later shows as the
+    cluster's allocatable NPUs growing, which lapses the reading at once. Waiting the minute for a probe's pod kept
+    it in its role's target for that minute (runs 16-20's C3b ended on one each time). A reading that lapsed as
+    long ago as it held is forgotten: pods Pending then are read as the first ones were, with the minute."""
+    if last is not None and now >= last.until + last.memory:
+        last = None  # lapsed for as long as it held, and not probed: pods Pending now are read afresh
+    if last is not None and last.npus is not None and obs.npus is not None and obs.npus > last.npus:
+        last = replace(last, until=min(last.until, now), npus=obs.npus)  # a node joined: probe now
+    probing = last is not None and not last.holds(now)
+    if not stuck_pods(obs, probing):
         return last
     # What holds NPUs now: the pods placed and those still terminating (a stuck pod may be waiting for one).
     # The latest reading replaces an older one: the cluster may have grown or shrunk since.
+    p, d = obs.prefill, obs.decode
     placed = units(
         policy,
-        p.replicas - p.unschedulable + p.terminating if p else 0,
-        d.replicas - d.unschedulable + d.terminating,
+        p.replicas - _stuck(p, probing) + p.terminating if p else 0,
+        d.replicas - _stuck(d, probing) + d.terminating,
     )
     memory = CAPACITY_MEMORY_SECONDS
     if last is not None and placed <= last.units:
-        probed = not last.holds(now)
-        memory = min(CAPACITY_MEMORY_LONGEST_SECONDS, last.memory * 2) if probed else last.memory
-    return Room(placed, now + memory, memory)
+        memory = min(CAPACITY_MEMORY_LONGEST_SECONDS, last.memory * 2) if probing else last.memory
+    return Room(placed, now + memory, memory, obs.npus)
+
+
+def stuck_pods(obs: Observations, probing: bool) -> int:
+    """The pods taken for ones the cluster cannot place: while probing, any the scheduler found no node for."""
+    return _stuck(obs.decode, probing) + (_stuck(obs.prefill, probing) if obs.prefill else 0)
+
+
+def _stuck(role: RoleObservation, probing: bool) -> int:
+    return role.unschedulable + (role.newly_unschedulable if probing else 0)
 
 
 def claim(stable: int, recommended: int, obs: RoleObservation) -> int:

@@ -82,6 +82,9 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
     rng = random.Random(seed)
     p = policy(spec(), coupled=coupled)
     decode, prefill = [Pod(0.0)], [Pod(0.0)]
+    # Removed pods keep their counters in the sums: the operator reads per-pod deltas, which a removal does not
+    # turn negative.
+    retired: dict[int, list[Pod]] = {id(decode): [], id(prefill): []}
     kv_queue: deque[tuple[Request, Pod, int]] = deque()  # lanes waiting for a prefill worker
     computing: dict[int, tuple[Request, float]] = {}  # worker index -> (request, done at)
     state, done, arrived = State(), [], []
@@ -132,9 +135,10 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
             ready_d = [d for d in decode if d.ready(now)]
             ready_p = [w for w in prefill if w.ready(now)]
             waiting_kv = sum(1 for _r, d, _i in kv_queue if d.ready(now)) + len(computing)
-            cur = (sum(d.arrived_tokens for d in decode), sum(d.arrived_requests for d in decode),
-                   sum(w.busy_seconds for w in prefill), sum(w.tokens for w in prefill),
-                   sum(d.arrived_max_tokens for d in decode), ended[0], ended[1])  # fmt: skip
+            counted_d, counted_p = decode + retired[id(decode)], prefill + retired[id(prefill)]
+            cur = (sum(d.arrived_tokens for d in counted_d), sum(d.arrived_requests for d in counted_d),
+                   sum(w.busy_seconds for w in counted_p), sum(w.tokens for w in counted_p),
+                   sum(d.arrived_max_tokens for d in counted_d), ended[0], ended[1])  # fmt: skip
             prev = snapshot or cur
             busy = cur[2] - prev[2]
             obs = Observations(
@@ -157,7 +161,9 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
                     pods.append(Pod(now + COLD_S))
                 # Scale-down after its window: the newest pod that holds nothing (the operator drains it first).
                 while len(pods) > want and any(x.held() == 0 for x in pods[1:]):
-                    pods.remove(next(x for x in reversed(pods) if x.held() == 0))
+                    victim = next(x for x in reversed(pods) if x.held() == 0)
+                    pods.remove(victim)
+                    retired[id(pods)].append(victim)
             next_decision += INTERVAL
         if now >= STEP_AT:
             ready = (sum(w.ready(now) for w in prefill), sum(x.ready(now) for x in decode))

@@ -207,3 +207,43 @@ def test_a_new_mix_at_a_like_rate_is_read_within_a_window_and_a_steady_mix_is_no
             window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
             cuts += window.mixed_since != before
     assert cuts <= 30, cuts  # of 7200 decisions
+
+
+PROMPTS = [(1, 1000, 20)]  # the bench's C phases
+
+
+def test_a_fall_restarts_the_steady_reading_within_a_window_and_a_steady_load_seldom() -> None:
+    """E2 (1.25 req/s, one request in five a 300-token stream) falls to C2 (0.5 req/s of 20 max_tokens). No count
+    rises, and the new mix needs 30 requests (a minute at 0.5/s), so the regime held E2's streams and decode's
+    floor read E2's max_tokens rate (runs 14-20's C2 kept E2's second decode pod to the end). Eight intervals
+    into C2, the steady max_tokens rate is C2's on 18 of 20 paths or more (the fall read), and no step; with the
+    fall test off, on 2 or fewer. A steady load is seldom cut for a fall."""
+
+    def after_fall(seed: int, intervals: int) -> tuple[Window, arrivals.Rates]:
+        rng, window = random.Random(seed), Window()
+        for i in range(1, 19):  # 90 s of E2: 95 max_tokens/s
+            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
+        for i in range(19, 19 + intervals):  # C2: 10 max_tokens/s
+            window, rates = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 0.5, PROMPTS), INTERVAL)
+        return window, rates
+
+    def c2_read(seed: int) -> bool:
+        window, rates = after_fall(seed, 8)
+        assert not rates.stepping, seed  # a fall is no step
+        return (rates.steady_max_tokens or 0.0) < 30.0  # C2's, with at most E2's last intervals
+
+    assert sum(c2_read(seed) for seed in range(20)) >= 18
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arrivals, "fell", lambda _older, _newer: False)
+        assert sum(c2_read(seed) for seed in range(20)) <= 2  # E2's streams: 55-87 max_tokens/s
+
+    cuts = 0
+    for seed in range(20):
+        rng, window = random.Random(seed), Window()
+        for i in range(1, 361):  # half an hour of E's mix
+            before = window.fell_since
+            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
+            cuts += window.fell_since != before
+    assert cuts <= 30, cuts  # of 7200 decisions
+    assert arrivals.fell((Counts(5, INTERVAL, 8, 8000), Counts(10, INTERVAL, 8, 8000)), (Counts(15, INTERVAL, 0, 0),))
+    assert not arrivals.fell((Counts(5, INTERVAL, 1, 1000),), (Counts(10, INTERVAL, 0, 0),))  # one fewer: a lull

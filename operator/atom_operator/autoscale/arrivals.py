@@ -5,13 +5,21 @@ alone, two prompts that happen to arrive together look like twice the load, a ro
 shrinks one scale-down window later. Read over a long window, a real load step shows only as a slow ramp. So each
 decision adds its interval's counts (summed over the decode pods that answered) to a window of ``WINDOW_SECONDS``,
 and the newest one to three intervals are tested against the rate of the ones before (since the last change
-point, up to ``SHAPE_SECONDS``): a count so high that its
-Poisson tail at that rate is below ``ALPHA`` is a change point, and the window restarts with the newest
-intervals. A step up in load then reads at once (in the interval it happens, or the next), a steady load reads
-over the whole window, and a step down within one window. Knative's autoscaler gets the same effect from a panic
+point, up to ``SHAPE_SECONDS``): a count so high that its Poisson tail at that rate is below ``ALPHA`` is a
+change point, and the window restarts with the newest intervals. A step up in load then reads at once (in the
+interval it happens, or the next), a steady load reads over the whole window, and a step down within one window
+(a fall restarts the regime's means, below). Knative's autoscaler gets the same effect from a panic
 window beside a stable one and a fixed threshold; a test on the count scales the threshold with the rate. The
 intervals that make a change point were chosen for being busy, so the rate read in the window after one is taken
 ``STEP_CAUTION`` standard deviations of its count below the mean.
+
+A fall restarts the regime's means only (decode's floor in a steady load): when the newest intervals, up to one
+window of them, hold improbably few arrivals at the rate since the last change (the same Poisson tail), the means
+are read over them. Nothing else moves: no step is read (a lull is no reason to grow), the window's rates and the
+reference a rise is tested against stay as they were, so a false fall costs no more than a lower floor for a
+while. Without it the means held the busier load for up to ``SHAPE_SECONDS`` after it ended (runs 14-20's C2:
+decode kept E2's second pod to the phase's end, reading E2's streams). Up to one window of intervals is tested: a
+fall to a few arrivals a window shows only over several of them, where a rise of the same size shows in one.
 
 A change of the requests' shape is a change point too, where the count may not show it: when the newest
 intervals' requests (at least ``MIX_REQUESTS``, within one window) ask ``MIX_FACTOR`` times more or fewer prompt
@@ -73,6 +81,7 @@ class Window:
     since: float = -math.inf  # the last change point: rates read the intervals that end after it
     mixed_since: float = -math.inf  # the last new mix: a mix is compared with the intervals since (a rise's
     # few intervals may hold some of the old mix, and hold too few requests to compare with)
+    fell_since: float = -math.inf  # the last fall: the regime's means are read over the intervals since
     seconds_per_max_token: float | None = None  # the last known lane time per max_token
 
 
@@ -123,6 +132,16 @@ def rose(older: tuple[Counts, ...], newer: tuple[Counts, ...]) -> bool:
     return count > expected and tail(count, expected) < ALPHA
 
 
+def fell(older: tuple[Counts, ...], newer: tuple[Counts, ...]) -> bool:
+    """Whether ``newer``'s arrivals are improbably few at ``older``'s rate (a Poisson tail below ALPHA)."""
+    count, seconds = _total(newer)
+    before, span = _total(older)
+    if span < seconds or span <= 0:
+        return False
+    expected = before / span * seconds
+    return count < expected and tail(count, expected) < ALPHA
+
+
 def _per_request(intervals: tuple[Counts, ...]) -> tuple[float, float | None]:
     requests, _ = _total(intervals)
     prompts = sum(c.prompt_tokens for c in intervals) / requests
@@ -163,7 +182,7 @@ def _closer_to_older(c: Counts, now: tuple, before: tuple, changed: list[int]) -
 def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]:
     """The window with this interval's counts, and the rates the decision reads now."""
     history = tuple(c for c in window.history if counts.end - c.end < SHAPE_SECONDS) + (counts,)
-    since, mixed_since = window.since, window.mixed_since
+    since, mixed_since, fell_since = window.since, window.mixed_since, window.fell_since
     regime = tuple(c for c in history if c.end > since)  # the reference a rise is tested against: all of it
     for k in range(1, min(NEWEST, len(regime) - 1) + 1):
         if rose(regime[:-k], regime[-k:]):
@@ -174,14 +193,22 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         if k := remixed(mix, interval):
             mixed_since = mix[-k - 1].end
             since = max(since, mixed_since)
+        else:
+            settled = tuple(c for c in regime if c.end > fell_since)
+            most = max(1, round(window_seconds(interval) / interval))
+            for k in range(1, min(most, len(settled) - 1) + 1):
+                if fell(settled[:-k], settled[-k:]):
+                    fell_since = settled[-k - 1].end
+                    break
     regime = tuple(c for c in history if c.end > since)
+    settled = tuple(c for c in regime if c.end > fell_since)  # what the steady means are read over
     current = tuple(c for c in regime if counts.end - c.end < window_seconds(interval))
     requests, seconds = _total(current)
     shape = [c for c in history if c.decoded_max_tokens > 0]
     decoded = sum(c.decoded_max_tokens for c in shape)
     per_token = sum(c.decode_seconds for c in shape) / decoded if decoded else window.seconds_per_max_token
     known = all(c.max_tokens is not None for c in regime)
-    count, span = _total(regime)
+    count, span = _total(settled)
     cautious = max(0.0, count - CAUTION * math.sqrt(count)) / count if count else 0.0
     stepping = counts.end - since < WINDOW_SECONDS
     # After a rise the window holds the few intervals whose count made it: chosen for being high, they read high.
@@ -195,8 +222,8 @@ def add(window: Window, counts: Counts, interval: float) -> tuple[Window, Rates]
         sum(c.max_tokens or 0.0 for c in current) / seconds * step if known else None,
         per_token,
         stepping,
-        sum(c.max_tokens or 0.0 for c in regime) / span if known else None,
-        sum(c.prompt_tokens for c in regime) / span,
+        sum(c.max_tokens or 0.0 for c in settled) / span if known else None,
+        sum(c.prompt_tokens for c in settled) / span,
         cautious,
     )
-    return Window(history, since, mixed_since, per_token), rates
+    return Window(history, since, mixed_since, fell_since, per_token), rates

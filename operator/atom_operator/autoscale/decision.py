@@ -30,8 +30,9 @@ time. In order:
    requests none, on the cpu backend, counting as one) become a second budget for a while (:mod:`.room`),
    shared the same way: the stuck pods are given up, a role may take NPUs the other frees, and nothing asks for
    pods that cannot run (``ScalingLimited/InsufficientNPUs``). A stuck pod a role's down window keeps beyond its
-   recommendation is no claim on the room (it serves nothing). When the memory lapses the decision asks again,
-   as a probe; a probe that finds no more room doubles the memory. Where the room or the budget cannot hold both
+   recommendation is no claim on the room (it serves nothing). When the memory lapses, or the nodes' NPUs grow,
+   the decision asks again, as a probe, which the scheduler's first attempt answers; a probe that finds no more
+   room doubles the memory. Where the room or the budget cannot hold both
    roles' recommendations and decode's lanes waited for prefill within its down window, decode gives prefill its
    headroom: its recommendation is taken at full occupancy, never fewer pods than the lanes its requests hold
    (before step 4, so lowering decode for it waits for its down window, and so does undoing it).

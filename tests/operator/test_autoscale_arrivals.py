@@ -178,6 +178,18 @@ PROMPTS_ONLY = [(1, 1000, 2)]  # its H1: prompts past the workers' speed, two to
 STREAMS_JOIN = [(4, 1000, 20), (1, 100, 300)]  # its E phases: one request in five a stream
 
 
+def steady_cuts(mark: str) -> int:
+    """How often half an hour of E's mix (20 seeded paths, 7200 decisions) moves the window's ``mark``."""
+    cuts = 0
+    for seed in range(20):
+        rng, window = random.Random(seed), Window()
+        for i in range(1, 361):
+            before = getattr(window, mark)
+            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
+            cuts += getattr(window, mark) != before
+    return cuts
+
+
 def test_a_new_mix_at_a_like_rate_is_read_within_a_window_and_a_steady_mix_is_not_cut() -> None:
     """D (1 req/s, 110 max_tokens a request) turns into H1 (1.5 req/s of 2 max_tokens): no count rises enough to be
     a change point, and read over the regime, D's streams kept decode's max_tokens rate near D's for two minutes
@@ -199,14 +211,7 @@ def test_a_new_mix_at_a_like_rate_is_read_within_a_window_and_a_steady_mix_is_no
         # D's streams still in the regime on about half of the paths (on the others a rise's cut fell at the switch)
         assert sum(reading_after_switch(seed) > 10.0 for seed in range(20)) >= 8
 
-    cuts = 0
-    for seed in range(20):
-        rng, window = random.Random(seed), Window()
-        for i in range(1, 361):  # half an hour of E's mix
-            before = window.mixed_since
-            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
-            cuts += window.mixed_since != before
-    assert cuts <= 30, cuts  # of 7200 decisions
+    assert steady_cuts("mixed_since") <= 30  # of 7200 decisions
 
 
 PROMPTS = [(1, 1000, 20)]  # the bench's C phases
@@ -237,13 +242,6 @@ def test_a_fall_restarts_the_steady_reading_within_a_window_and_a_steady_load_se
         patch.setattr(arrivals, "fell", lambda _older, _newer: False)
         assert sum(c2_read(seed) for seed in range(20)) <= 2  # E2's streams: 55-87 max_tokens/s
 
-    cuts = 0
-    for seed in range(20):
-        rng, window = random.Random(seed), Window()
-        for i in range(1, 361):  # half an hour of E's mix
-            before = window.fell_since
-            window, _ = arrivals.add(window, mixed_counts(rng, i * INTERVAL, 1.25, STREAMS_JOIN), INTERVAL)
-            cuts += window.fell_since != before
-    assert cuts <= 30, cuts  # of 7200 decisions
+    assert steady_cuts("fell_since") <= 30  # of 7200 decisions
     assert arrivals.fell((Counts(5, INTERVAL, 8, 8000), Counts(10, INTERVAL, 8, 8000)), (Counts(15, INTERVAL, 0, 0),))
     assert not arrivals.fell((Counts(5, INTERVAL, 1, 1000),), (Counts(10, INTERVAL, 0, 0),))  # one fewer: a lull

@@ -20,11 +20,13 @@ and checks what issue 33's "Checked by" asks:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -661,7 +663,15 @@ def run(args: argparse.Namespace) -> dict:
         try:
             chart.helm_uninstall(node)
         finally:
+            keep_dns_log(node, raw)
             node.stop()
+
+
+def keep_dns_log(node, raw: Path) -> None:  # noqa: ANN001
+    """The node's DNS (nodegw) logs every answer and every API error it answered SERVFAIL for: a client's gaierror
+    is read there (run 22's H1: 48 s of failed name lookups, after the node's directory was gone)."""
+    with contextlib.suppress(StopIteration, OSError):
+        shutil.copyfile(node.component("nodegw").log, raw / "nodegw.log")
 
 
 def negative_control(node, ns: str, url: str, model: str, raw: Path, obs: Observer) -> dict:  # noqa: ANN001

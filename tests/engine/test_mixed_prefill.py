@@ -3,6 +3,9 @@ the same outputs as prefilling apart, every chunk in a mixed call, and faults is
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 from atom_engine import limits
 from atom_engine.batcher import Batcher
@@ -89,10 +92,26 @@ def test_fault_in_a_decoding_lane_of_a_mixed_step_fails_only_that_lane() -> None
     assert all_blocks_back(b)
 
 
+def same_up_to_rounding(a: object, b: object) -> bool:
+    """Equal, but for floats within float32 rounding: a prefill chunk in the decode step's forward changes the
+    matmuls' shapes, and CPU kernels need not sum in the same order for every shape (on some machines a logprob
+    moved in its seventh digit). Token ids, ranks and lengths stay exact."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5)
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        return same_up_to_rounding(dataclasses.astuple(a), dataclasses.astuple(b))  # type: ignore[arg-type]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_up_to_rounding(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_up_to_rounding(a[k], b[k]) for k in a)
+    return a == b
+
+
 def test_the_torch_runner_gives_the_same_tokens_mixed_as_apart() -> None:
     """builtin:tiny on the cpu backend, more requests than lanes: greedy lanes with drafts, a seeded sampled lane,
     a logprobs lane, a prompt longer than the chunk, a prompt that scores itself (prefilled apart) and a prefix
-    hit, with prefill chunks in the decode step's forward or on their own: the same tokens and logprobs."""
+    hit, with prefill chunks in the decode step's forward or on their own: the same tokens, and the same logprobs
+    up to float32 rounding."""
     from atom_engine.engine import LLMEngine
     from atom_engine.settings import EngineSettings
 
@@ -118,5 +137,6 @@ def test_the_torch_runner_gives_the_same_tokens_mixed_as_apart() -> None:
 
     apart, _ = generate(False)
     mixed, counters = generate(True)
-    assert mixed == apart
+    assert [out for out, _, _ in mixed] == [out for out, _, _ in apart]  # the tokens, exactly
+    assert same_up_to_rounding(mixed, apart), (mixed, apart)
     assert counters["cached_prompt_tokens"] > 0 and counters["draft_tokens"] > 0

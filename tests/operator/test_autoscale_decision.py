@@ -178,7 +178,7 @@ def test_a_probe_that_finds_no_more_room_waits_longer_before_the_next() -> None:
 
 
 def test_a_probe_is_answered_by_the_scheduler_first_no_and_a_first_reading_waits_the_minute() -> None:
-    """Runs 16-20's C3b ended on a probe: its Pending pod counted toward decode's target for the minute before it
+    """Runs 17-20's C3b ended on a probe: its Pending pod counted toward decode's target for the minute before it
     was taken for stuck. A probe asks whether room was freed, which the scheduler's first attempt answers: one
     interval later the pair is back within the room, and the memory doubles. Outside a probe, pods the scheduler
     has only just turned away are no reading yet (a cluster autoscaler may be adding a node): the minute holds."""

@@ -48,7 +48,7 @@ def learn(obs: Observations, last: Room | None, policy: Policy, now: float) -> R
     which leaves a cluster autoscaler time to add one. A probe's pods count at the scheduler's first no: a probe
     asks whether room was freed since, which that attempt answers; a node the autoscaler adds later shows as the
     cluster's allocatable NPUs growing, which lapses the reading at once. Waiting the minute for a probe's pod kept
-    it in its role's target for that minute (runs 16-20's C3b ended on one each time). A reading that lapsed as
+    it in its role's target for that minute (runs 17-20's C3b ended on one each time). A reading that lapsed as
     long ago as it held is forgotten: pods Pending then are read as the first ones were, with the minute."""
     if last is not None and now >= last.until + last.memory:
         last = None  # lapsed for as long as it held, and not probed: pods Pending now are read afresh

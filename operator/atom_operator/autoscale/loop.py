@@ -20,7 +20,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,15 @@ class PodInfo:
             notes.get(DELETION_COST) == LOWEST_COST,
             unschedulable,
         )
+
+
+def _turned_away(pods: Iterable[PodInfo], role: str, now: float) -> dict[str, int]:
+    """A role's pods the scheduler found no node for: for UNSCHEDULABLE_SECONDS or more, and for less."""
+    ages = [now - p.unschedulable_since for p in pods if p.role == role and p.unschedulable_since is not None]
+    return {
+        "unschedulable": sum(age >= UNSCHEDULABLE_SECONDS for age in ages),
+        "newly_unschedulable": sum(age < UNSCHEDULABLE_SECONDS for age in ages),
+    }
 
 
 def _epoch(stamp: str | None) -> float:
@@ -307,16 +316,7 @@ class Autoscaler:
                 [observe.PodReading(p.name, p.name in ready, p.cordoned_since is not None, found.get(p.name),
                                     tracked.samples.get(p.name)) for p in pods.values() if p.role == role],  # fmt: skip
                 rolling_out=self._rolling_out(key, role),
-                unschedulable=sum(
-                    p.role == role and p.unschedulable_since is not None
-                    and now - p.unschedulable_since >= UNSCHEDULABLE_SECONDS
-                    for p in pods.values()
-                ),
-                newly_unschedulable=sum(
-                    p.role == role and p.unschedulable_since is not None
-                    and now - p.unschedulable_since < UNSCHEDULABLE_SECONDS
-                    for p in pods.values()
-                ),
+                **_turned_away(pods.values(), role, now),
                 terminating=sum(r == role for r in self.terminating.get(key, {}).values()),
             )  # fmt: skip
             for role in roles

@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from atom_localcluster.images.daemon import ensure_daemon
+
 CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin uses
 
@@ -51,6 +53,7 @@ def pause_tag() -> str:
 
 def build_pause_image() -> str:
     """``atom.local/pause:<hash of the source>`` in docker, compiled statically and ``docker import``-ed once."""
+    ensure_daemon()  # the real node's first step: a test or bench run alone on a fresh boot starts dockerd here
     tag = pause_tag()
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag

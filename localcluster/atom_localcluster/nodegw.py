@@ -6,7 +6,8 @@
 * **Cluster DNS**: a small authoritative server for ``<service>.<namespace>.svc.cluster.local`` (the subset of the
   Kubernetes DNS spec the product uses): a ClusterIP Service answers its ClusterIP, a headless one the addresses of
   its ready endpoints (EndpointSlices); any other name is NXDOMAIN. CoreDNS would need an image we cannot pull.
-  The kubelet's ``clusterDNS`` points pods here.
+  The kubelet's ``clusterDNS`` points pods here. Like CoreDNS, it answers from what it has read, not with an API
+  read per query (:class:`Answers`).
 
 Run as ``python -m atom_localcluster.nodegw --listen <gateway> --api-port <port> --kubeconfig <admin kubeconfig>``.
 """
@@ -20,6 +21,9 @@ import ipaddress
 import socket
 import struct
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes.client import CoreV1Api, DiscoveryV1Api
@@ -28,6 +32,8 @@ from kubernetes.config import new_client_from_config
 
 DOMAIN = "svc.cluster.local"
 TTL = 5  # seconds: endpoints change during rollouts, and resolvers re-ask soon
+PATIENCE = 2.0  # seconds a query waits for a read before a stale answer will do: a resolver gives up at 5
+STALE = 60.0  # seconds an answer may be served past its TTL while the API does not answer
 A, AAAA, IN = 1, 28, 1
 NOERROR, FORMERR, SERVFAIL, NXDOMAIN = 0, 1, 2, 3
 
@@ -113,9 +119,69 @@ def response(query: bytes, rcode: int, answers: list[str] = ()) -> bytes:  # typ
     return header + query[12:end] + body
 
 
+Reader = Callable[[str, str], "list[str] | None"]
+
+
+@dataclass
+class _Read:
+    addresses: list[str] | None
+    at: float
+
+
+class Answers:
+    """What a Service resolves to, read from the API at most once per name per TTL.
+
+    One read per query made every lookup wait behind the reads before it on a small thread pool: a burst of
+    lookups (a client that resolves per request) could queue past the resolver's timeout, and a queue that answers
+    only timed-out queries never drains while they keep coming. So a name's answer is kept for its TTL, queries
+    for a name being read share that read, and when the API is slow or failing an answer up to ``stale`` seconds
+    old is served (CoreDNS answers from its informers' caches the same way).
+    """
+
+    def __init__(self, read: Reader, *, fresh: float = TTL, patience: float = PATIENCE, stale: float = STALE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.read, self.fresh, self.patience, self.stale, self.clock = read, fresh, patience, stale, clock
+        self._known: dict[tuple[str, str], _Read] = {}
+        self._reading: dict[tuple[str, str], asyncio.Future[list[str] | None]] = {}
+
+    async def get(self, service: str, namespace: str) -> tuple[list[str] | None, str]:
+        """(addresses or None for no such Service, how: ``cached``, ``read`` or ``stale``); raises the read's error
+        when no answer is young enough to stand in."""
+        key = (service, namespace)
+        known = self._known.get(key)
+        if known is not None and self.clock() - known.at < self.fresh:
+            return known.addresses, "cached"
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = asyncio.ensure_future(asyncio.to_thread(self.read, service, namespace))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda done: self._keep(key, done))
+        try:
+            return await asyncio.wait_for(asyncio.shield(reading), self.patience), "read"
+        except Exception:
+            if known is not None and self.clock() - known.at < self.fresh + self.stale:
+                return known.addresses, "stale"
+            if not reading.done():
+                return await reading, "read"  # nothing to stand in: the read is the only answer there is
+            raise
+
+    def _keep(self, key: tuple[str, str], done: asyncio.Future[list[str] | None]) -> None:
+        del self._reading[key]
+        if not done.cancelled() and done.exception() is None:
+            self._known[key] = _Read(done.result(), self.clock())
+
+
+def service_of(name: str) -> tuple[str, str] | None:
+    """(service, namespace) of ``<service>.<namespace>.svc.cluster.local``, or None for any other name."""
+    if not name.endswith("." + DOMAIN):
+        return None
+    parts = name.removesuffix("." + DOMAIN).split(".")
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
 class Dns(asyncio.DatagramProtocol):
-    def __init__(self, api: Api) -> None:
-        self.api = api
+    def __init__(self, answers: Answers) -> None:
+        self.answers = answers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -124,33 +190,33 @@ class Dns(asyncio.DatagramProtocol):
         asyncio.get_running_loop().create_task(self.answer(data, addr))
 
     async def answer(self, data: bytes, addr: tuple[str, int]) -> None:
+        received = time.monotonic()
         try:
             _, _, name, qtype, _ = parse_question(data)
         except (ValueError, IndexError, UnicodeDecodeError, struct.error):
             return  # not a query we can even echo: drop it, the client retries or gives up
+        wanted = service_of(name)
+        how, addresses = "shape", None
         try:
-            reply = await asyncio.to_thread(self.lookup, data, name, qtype)
+            if wanted is not None:
+                addresses, how = await self.answers.get(*wanted)
+            if addresses is None:
+                reply = response(data, NXDOMAIN)
+            else:
+                reply = response(data, NOERROR, addresses if qtype == A else [])
         except Exception as e:  # noqa: BLE001 - the API may be briefly unreachable; tell the client to retry
-            print(f"dns name={name} error={e!r}", flush=True)
-            reply = response(data, SERVFAIL)
+            how, reply = f"error={e!r}", response(data, SERVFAIL)
         self.transport.sendto(reply, addr)
-
-    def lookup(self, data: bytes, name: str, qtype: int) -> bytes:
-        parts = name.removesuffix("." + DOMAIN).split(".") if name.endswith("." + DOMAIN) else []
-        if len(parts) != 2:
-            return response(data, NXDOMAIN)
-        addresses = self.api.addresses(parts[0], parts[1])
-        if addresses is None:
-            return response(data, NXDOMAIN)
-        print(f"dns name={name} qtype={qtype} answers={addresses}", flush=True)
-        return response(data, NOERROR, addresses if qtype == A else [])
+        # Every query, with who asked and how long it waited: a client's failed lookup can be read against this.
+        print(f"dns from={addr[0]} name={name} qtype={qtype} answers={addresses} how={how} "
+              f"ms={(time.monotonic() - received) * 1000:.1f}", flush=True)
 
 
 async def serve(listen: str, api_port: int, dns_port: int, kubeconfig: Path) -> None:
     ipaddress.IPv4Address(listen)  # refuse a hostname or a wildcard: this serves the node bridge only
     loop = asyncio.get_running_loop()
     server = await asyncio.start_server(relay(("127.0.0.1", api_port)), listen, api_port)
-    await loop.create_datagram_endpoint(lambda: Dns(Api(kubeconfig)), local_addr=(listen, dns_port))
+    await loop.create_datagram_endpoint(lambda: Dns(Answers(Api(kubeconfig).addresses)), local_addr=(listen, dns_port))
     print(f"nodegw ready relay={listen}:{api_port}->127.0.0.1:{api_port} dns={listen}:{dns_port}", flush=True)
     async with server:
         await server.serve_forever()

@@ -668,8 +668,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def keep_dns_log(node, raw: Path) -> None:  # noqa: ANN001
-    """The node's DNS (nodegw) logs every answer and every API error it answered SERVFAIL for: a client's gaierror
-    is read there (run 22's H1: 48 s of failed name lookups, after the node's directory was gone)."""
+    """The node's DNS (nodegw) logs every query: who asked, the answer, how it was had and how long it waited. A
+    client's gaierror is read there (run 22's H1: 48 s of failed name lookups, after the node's directory was gone)."""
     with contextlib.suppress(StopIteration, OSError):
         shutil.copyfile(node.component("nodegw").log, raw / "nodegw.log")
 

@@ -146,6 +146,7 @@ def run(coupled: bool, seed: int, step: tuple[float, int, int], optimum: tuple[i
                                   waiting_for_kv=waiting_kv, arrived_tokens_per_second=(cur[0] - prev[0]) / INTERVAL,
                                   arrived_requests_per_second=(cur[1] - prev[1]) / INTERVAL,
                                   running=sum(x is not None for d in ready_d for x in d.lanes),
+                                  queued_for_lane=sum(len(d.queue) for d in ready_d if None not in d.lanes),
                                   counts=Counts(now, INTERVAL, cur[1] - prev[1], cur[0] - prev[0], cur[4] - prev[4],
                                                 cur[5] - prev[5], cur[6] - prev[6]) if snapshot else None),
                 PrefillObservation(len(prefill), len(ready_p), len(ready_p), busy_seconds_per_second=busy / INTERVAL,

@@ -86,6 +86,15 @@ def _pod(name: str, t0: float, t1: float, before: dict, after: dict, *, ready=Tr
     return observe.PodReading(name, ready, draining, Sample(t1, after), Sample(t0, before))
 
 
+def test_a_request_waiting_counts_as_queued_for_a_lane_only_at_a_pod_whose_lanes_are_all_held() -> None:
+    full = _pod("d-a", 0, 5, {}, {observe.RUNNING: 4, observe.WAITING: 2})
+    admitting = _pod("d-b", 0, 5, {}, {observe.RUNNING: 3, observe.WAITING: 1})  # a lane free: admitted next step
+    role = observe.RoleReading(2, [full, admitting])
+    assert observe.decode_observation(role, lanes=4).queued_for_lane == 2
+    assert observe.decode_observation(role, lanes=4).sequences == 10  # both still count as the pods' sequences
+    assert observe.decode_observation(role).queued_for_lane == 3  # lanes unknown: every waiting request
+
+
 def test_observations_sum_gauges_and_rate_counters_from_two_scrapes() -> None:
     a = _pod("d-a", 0, 10, {observe.ARRIVED_TOKENS: 0, observe.ARRIVED_REQUESTS: 0},
              {observe.RUNNING: 3, observe.WAITING: 1, observe.WAITING_FOR_KV: 1, observe.ARRIVED_TOKENS: 2000,

@@ -38,7 +38,7 @@ def observe(c: Counts, *, decode: int = 1, prefill: int = 1, running: float = 0.
             waiting_for_kv: float = 0.0) -> Observations:  # fmt: skip
     return Observations(
         DecodeObservation(decode, decode, decode, sequences=running + waiting, waiting_for_kv=waiting_for_kv,
-                          running=running, counts=c),  # fmt: skip
+                          running=running, queued_for_lane=waiting, counts=c),  # fmt: skip
         PrefillObservation(prefill, prefill, prefill, busy_seconds_per_second=0.0, busy_seconds=5.0,
                            tokens_per_busy_second=SPEED),  # fmt: skip
     )
@@ -245,3 +245,28 @@ def test_a_fall_restarts_the_steady_reading_within_a_window_and_a_steady_load_se
     assert steady_cuts("fell_since") <= 30  # of 7200 decisions
     assert arrivals.fell((Counts(5, INTERVAL, 8, 8000), Counts(10, INTERVAL, 8, 8000)), (Counts(15, INTERVAL, 0, 0),))
     assert not arrivals.fell((Counts(5, INTERVAL, 1, 1000),), (Counts(10, INTERVAL, 0, 0),))  # one fewer: a lull
+
+
+def test_a_request_waiting_beside_a_free_lane_is_not_a_queue_for_a_lane() -> None:
+    """Run 23's G3: three 700-token streams (35 s each) in flight on one decode pod of 4 lanes (3.2 at 80 %), the
+    next one arriving as one ends. A decision that caught the new one waiting for the pod's next step read the
+    regime's arrivals at their mean, as while requests queue for a lane, and asked for a second pod: 1 -> 2 -> 1 in
+    a steady phase. Waiting beside a free lane is admission and reads as if nothing waited; waiting at a pod whose
+    lanes are all held is a queue and reads at the mean. Over six seeded paths (576 decisions past the first two
+    minutes), read as a queue the pod asks for a second one in 188, read as admission in 11."""
+    policy = make_policy(npuBudget=None, ratio=None)
+    over = {"admitted": 0, "nothing waits": 0, "read as queued": 0}
+    for seed in range(6):
+        rng = random.Random(seed)
+        states = dict.fromkeys(over, State())
+        for i in range(1, 121):
+            c = counts(i * INTERVAL, poisson(rng, 3 / 35 * INTERVAL), 100, 700)
+            waits = observe(c, running=3, waiting=1)  # queued_for_lane=1: as the operator read any waiting before
+            seen = {"admitted": replace(waits, decode=replace(waits.decode, queued_for_lane=0.0)),
+                    "nothing waits": observe(c, running=3), "read as queued": waits}  # fmt: skip
+            for case, obs in seen.items():
+                d = decide(obs, states[case], policy, now=i * INTERVAL)
+                states[case] = d.state
+                over[case] += i > 24 and d.decode.recommended > 1
+    assert over["admitted"] == over["nothing waits"], over
+    assert over["read as queued"] >= 5 * max(1, over["admitted"]), over

@@ -246,13 +246,13 @@ def test_lanes_waiting_for_a_remote_kv_are_prefill_demand_not_decode() -> None:
 def steady(prefill: int, decode: int, *, stuck: int = 0) -> Observations:
     """C3 of the real-node plan in steady state, as decode's pods report it: 1 request/s of 1000 prompt tokens and
     20 max_tokens at 0.05 lane seconds each; 4 lanes held, 2 of them waiting for a worker's KV, one request queued
-    for a lane; ``stuck`` of the prefill pods Pending as unschedulable."""
+    for a lane at the pod that holds them; ``stuck`` of the prefill pods Pending as unschedulable."""
     counts = Counts(end=0.0, seconds=5.0, requests=5.0, prompt_tokens=5000.0, max_tokens=100.0, decode_seconds=5.0,
                     decoded_max_tokens=100.0)  # fmt: skip
     placed = prefill - stuck
     return Observations(
         DecodeObservation(replicas=decode, ready=decode, answered=decode, sequences=5.0, waiting_for_kv=2.0,
-                          running=4.0, counts=counts),  # fmt: skip
+                          running=4.0, queued_for_lane=1.0, counts=counts),  # fmt: skip
         PrefillObservation(replicas=prefill, ready=placed, answered=placed, unschedulable=stuck,
                            busy_seconds_per_second=2.0, busy_seconds=10.0, tokens_per_busy_second=SPEED),  # fmt: skip
     )

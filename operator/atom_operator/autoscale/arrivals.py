@@ -31,9 +31,9 @@ streams to short prompts at a like rate kept the streams' max_tokens in decode's
 Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
 before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the
 arrivals, read over the whole regime (up to ``SHAPE_SECONDS``), a floor: at their mean while requests queue for a
-lane (the lanes decoding cannot show more than there are), else ``CAUTION`` standard deviations of their count
-below it: streams of a minute arrive a few per window, and their rate swings by half where the lanes they hold do
-not.
+lane at a pod whose lanes are all held (the lanes decoding cannot show more than there are), else ``CAUTION``
+standard deviations of their count below it: streams of a minute arrive a few per window, and their rate swings by
+half where the lanes they hold do not.
 
 Decode's lane time per max_token asked (its ``decode seconds / max_tokens`` of the requests that ended) is read
 over the whole kept history, not restarted at change points: it describes the requests' shape, which a rate step

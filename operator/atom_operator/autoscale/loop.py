@@ -324,8 +324,9 @@ class Autoscaler:
         if due:
             tracked.samples = {n: s for n, s in found.items() if s is not None}
             external = spec.decode.replicas if a.mode == "External" else None
-            obs = observe.observations(readings["decode"], readings.get("prefill"), external, self.npus())
-            decision = decide(obs, tracked.state, policy(spec, coupled=self.coupled), now)
+            rules = policy(spec, coupled=self.coupled)
+            obs = observe.observations(readings["decode"], readings.get("prefill"), external, self.npus(), rules.lanes)
+            decision = decide(obs, tracked.state, rules, now)
             tracked.state, tracked.decided_at = decision.state, now
             tracked.desired = {"decode": decision.decode.desired}
             if decision.prefill is not None:

@@ -31,6 +31,7 @@ class DecodeObservation(RoleObservation):
     arrived_tokens_per_second: float | None = None  # prompt tokens arriving (at enqueue), all decode pods
     arrived_requests_per_second: float | None = None
     running: float | None = None  # lanes held (of sequences), waiting_for_kv included
+    queued_for_lane: float = 0.0  # of sequences, requests waiting at pods whose every lane is held
     counts: Counts | None = None  # this interval's arrivals and ended requests, for the window (None: no pair)
 
 

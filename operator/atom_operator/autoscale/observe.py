@@ -113,13 +113,17 @@ def interval_counts(pods: list[PodReading]) -> Counts | None:
     )
 
 
-def decode_observation(role: RoleReading) -> DecodeObservation:
+def decode_observation(role: RoleReading, lanes: int | None = None) -> DecodeObservation:
+    """``lanes``: a pod's lanes. A request waiting at a pod with a free lane is being admitted at its next step,
+    not queued for a lane (None: every waiting request counts as queued)."""
     answered = [p for p in _serving(role) if p.sample is not None]
+    full = [p for p in answered if lanes is None or p.sample.get(RUNNING) >= lanes]
     return DecodeObservation(
         **_counts(role),
         rolling_out=role.rolling_out,
         sequences=sum(p.sample.get(RUNNING) + p.sample.get(WAITING) for p in answered),
         running=sum(p.sample.get(RUNNING) for p in answered),
+        queued_for_lane=sum(p.sample.get(WAITING) for p in full),
         counts=interval_counts(answered),
         waiting_for_kv=sum(p.sample.get(WAITING_FOR_KV) for p in answered),
         arrived_tokens_per_second=_sum_rates(answered, ARRIVED_TOKENS),
@@ -143,9 +147,9 @@ def prefill_observation(role: RoleReading) -> PrefillObservation:
 
 
 def observations(decode: RoleReading, prefill: RoleReading | None, external_decode: int | None = None,
-                 npus: int | None = None) -> Observations:
+                 npus: int | None = None, lanes: int | None = None) -> Observations:
     return Observations(
-        decode_observation(decode),
+        decode_observation(decode, lanes),
         prefill_observation(prefill) if prefill is not None else None,
         external_decode,
         npus,

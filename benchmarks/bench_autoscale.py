@@ -12,7 +12,8 @@ and checks what issue 33's "Checked by" asks:
 - zero failed requests across drained scale-downs whose victim had requests running when cordoned;
 - the negative control: the same scale-down with autoscaling Off (a plain replicas decrease) cuts a stream;
 - desired counts vs the pacing arithmetic after each step, pairs inside the band, changes per steady phase;
-- reaction: load step -> desired change, in decision intervals, both roles in one decision.
+- reaction: load step -> desired change, in decision intervals, both roles in one decision; a step on a full node
+  that takes an NPU from the other role (a trade) timed against that role's scale-down window.
 
     python -m benchmarks.bench_autoscale [--no-build] [--phases decode|all] [--no-control] [--raw DIR]
 """
@@ -57,6 +58,7 @@ UTILIZATION = 0.70
 BAND = ((1, 3), (3, 1))  # (prefill, decode) pairs: fewest and most prefill per decode
 BOUNDS = {"decode": (1, 3), "prefill": (1, 3)}
 NODE_NPUS = 4  # the real node's device plugin (its default --devices), one NPU a pod
+TRADE_INTERVALS = SCALE_DOWN_WINDOW / INTERVAL + 2  # a trade waits for the other role's scale-down window
 AUTOSCALING = {
     "mode": "Operator",
     "intervalSeconds": INTERVAL,
@@ -926,9 +928,9 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
     w("## Reaction: load step -> desired change\n")
     w(
         "| Step into | expected P+D | first desired change after the step | seconds | decision intervals |"
-        " roles moved in that decision |"
+        " roles moved in that decision | room at the step |"
     )
-    w("|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|")
     ups = []
     for i, row in enumerate(phase_rows[1:], start=1):
         before = phase_rows[i - 1]
@@ -946,30 +948,40 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         ]  # fmt: skip
         nxt = next(((t, a, b) for t, a, b in changes_at if t >= row["t"] and a is not None), None)
         held = next((b for t, _, b in reversed(changes_at) if t < row["t"]), None)
+        # A trade: the node's NPUs were all held at the step and the optimum takes one from the other role, whose
+        # scale-down waits for its window like any other (the design's check 5); timed against that window.
+        full = held is not None and sum(held) >= NODE_NPUS
+        pairs = list(zip(row["expected"], held or row["expected"], strict=True))
+        trade = full and any(e < h for e, h in pairs) and any(e > h for e, h in pairs)
+        room = "full: a trade" if trade else "full" if full else "free"
+        if trade and not grow:  # the room shares the NPUs anew (C3b after E1): timed as a trade all the same
+            grow = [r for r, (e, h) in zip(("prefill", "decode"), pairs, strict=True) if e > h]
         if held == row["expected"]:
             # Already the step's optimum (an earlier phase's decision got there): nothing to react to. Timing the
             # next change instead would time the next phase's (run 13's E2: 18.5 intervals, C2's cap).
             w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none needed: at it when the step came"
-              " | 0 | 0 | - |")  # fmt: skip
+              f" | 0 | 0 | - | {room} |")  # fmt: skip
             if grow:
-                ups.append((row["name"], 0.0, grow, list(grow)))
+                ups.append((row["name"], 0.0, grow, list(grow), trade))
             continue
         if not nxt:
-            w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none | - | - | - |")
+            w(f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | none | - | - | - | {room} |")
             if grow:
-                ups.append((row["name"], None, grow, []))
+                ups.append((row["name"], None, grow, [], trade))
             continue
         t, a, b = nxt
         moved = [r for r, x, y in zip(("prefill", "decode"), a, b, strict=True) if x != y]
         if grow:
-            ups.append((row["name"], (t - row["t"]) / INTERVAL, grow, moved))
+            ups.append((row["name"], (t - row["t"]) / INTERVAL, grow, moved, trade))
         w(
             f"| {row['name']} | {row['expected'][0]}+{row['expected'][1]} | {a[0]}+{a[1]} -> {b[0]}+{b[1]} |"
-            f" {t - row['t']:.1f} | {(t - row['t']) / INTERVAL:.1f} | {', '.join(moved)} |"
+            f" {t - row['t']:.1f} | {(t - row['t']) / INTERVAL:.1f} | {', '.join(moved)} | {room} |"
         )
     w(
         "\nA scale-down waits for the stabilization window by design; its delay is the window plus the decision, not"
-        " a reaction time.\n"
+        " a reaction time. A trade (the node full at the step, the optimum taking an NPU from the other role) waits"
+        f" for the other role's scale-down, so it is timed against that window plus 2 intervals"
+        f" ({TRADE_INTERVALS:.0f} intervals).\n"
     )
     w("Published intervals of peers, beside ours:\n")
     w("| Controller | Interval / windows |")
@@ -993,8 +1005,15 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             for r in rows
         )  # fmt: skip
 
-    slow = [u for u in ups if u[1] is None or u[1] > 2]
+    growth = [u for u in ups if not u[4]]
+    trades = [u for u in ups if u[4]]
+    slow = [u for u in growth if u[1] is None or u[1] > 2]
+    slow_trades = [u for u in trades if u[1] is None or u[1] > TRADE_INTERVALS]
     both = [u for u in ups if len(u[2]) == 2]
+
+    def timed(steps: list[tuple]) -> str:
+        return ", ".join(f"{u[0]}: {'none' if u[1] is None else f'{u[1]:.1f}'}" for u in steps) or "-"
+
     summary = [
         "## Acceptance (issue 33, Checked by)\n",
         "| Criterion | Measured | Verdict |",
@@ -1009,9 +1028,10 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         f"| Applied pairs inside the band or ScalingLimited | {'all' if band_ok else 'not all'} | {yes(band_ok)} |",
         f"| <= 1 change per role per steady phase (after the step's own) | {len(phase_rows) - len(unstable)} of"
         f" {len(phase_rows)}{' (off: ' + named(unstable) + ')' if unstable else ''} | {yes(not unstable)} |",
-        "| Scale-up reaction <= 2 decision intervals | "
-        + (", ".join(f"{u[0]}: {'none' if u[1] is None else f'{u[1]:.1f}'}" for u in ups) or "-")
-        + f" | {yes(None if not ups else not slow)} |",
+        f"| Scale-up reaction <= 2 decision intervals (not a trade) | {timed(growth)} |"
+        f" {yes(None if not growth else not slow)} |",
+        f"| Scale-up on a full node (a trade) <= the other role's down window + 2 intervals ({TRADE_INTERVALS:.0f})"
+        f" | {timed(trades)} | {yes(None if not trades else not slow_trades)} |",
         "| Both roles in one decision when both must grow | "
         + (", ".join(f"{u[0]}: moved {'+'.join(u[3]) or 'nothing'}" for u in both) or "no such step")
         + f" | {yes(None if not both else all(len(u[3]) == 2 for u in both))} |",

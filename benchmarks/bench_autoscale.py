@@ -946,7 +946,6 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
             )
             if y > x and ty > tx
         ]  # fmt: skip
-        nxt = next(((t, a, b) for t, a, b in changes_at if t >= row["t"] and a is not None), None)
         held = next((b for t, _, b in reversed(changes_at) if t < row["t"]), None)
         # A trade: the node's NPUs were all held at the step and the optimum takes one from the other role, whose
         # scale-down waits for its window like any other (the design's check 5); timed against that window.
@@ -956,6 +955,14 @@ def analyse(res: dict) -> str:  # noqa: C901, PLR0912, PLR0915
         room = "full: a trade" if trade else "full" if full else "free"
         if trade and not grow:  # the room shares the NPUs anew (C3b after E1): timed as a trade all the same
             grow = [r for r, (e, h) in zip(("prefill", "decode"), pairs, strict=True) if e > h]
+        # The reaction is the first decision that raises a role the step grows (run 25's C3: decode grew first on
+        # G3's streams still in its lanes, prefill a decision later); a step that grows none, its first change.
+        raised = [i for i, r in enumerate(("prefill", "decode")) if r in grow]
+        nxt = next(
+            ((t, a, b) for t, a, b in changes_at
+             if t >= row["t"] and a is not None and (not raised or any(b[i] > a[i] for i in raised))),
+            None,
+        )  # fmt: skip
         if held == row["expected"]:
             # Already the step's optimum (an earlier phase's decision got there): nothing to react to. Timing the
             # next change instead would time the next phase's (run 13's E2: 18.5 intervals, C2's cap).

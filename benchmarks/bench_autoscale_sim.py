@@ -25,6 +25,8 @@ from atom_operator.autoscale.observations import DecodeObservation, Observations
 from atom_operator.autoscale.policy import policy
 
 OUT = Path(__file__).parent / "results" / "autoscaling-simulation.md"
+# Below this heading the file is read by hand (reruns, earlier tables, what they show): a rerun keeps it.
+READINGS = "## Readings, kept across reruns"
 DT = 0.05
 LANES, STEP_S, PREFILL_TOK_S, COLD_S, INTERVAL = 4, 0.05, 500.0, 60.0, 5
 WARM = (0.2, 200, 100)  # requests/s, prompt tokens, output tokens
@@ -213,8 +215,15 @@ def main() -> None:
                      f"{med['finished']:.0f}")  # fmt: skip
             lines.append(f"| {scenario} ({optimum[0]}:{optimum[1]}) | {name} | " + " | ".join(cells) + " |")
     lines.append("")
-    OUT.write_text("\n".join(lines))
     print("\n".join(lines))
+    OUT.write_text("\n".join(lines) + kept_readings(OUT))
+
+
+def kept_readings(path: Path) -> str:
+    """The hand-written readings of the file being rewritten, from their heading on ("" when it has none)."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find(READINGS)
+    return "\n" + text[at:] if at >= 0 else ""
 
 
 if __name__ == "__main__":

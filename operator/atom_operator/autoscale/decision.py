@@ -130,7 +130,8 @@ def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, sp
         # arrivals over the regime a floor, at their mean while requests queue for a lane (the lanes decoding
         # cannot show more than there are), else read cautiously (a few long streams to a window are noise).
         # Queued for a lane: waiting at a pod whose every lane is held. One waiting beside a free lane is being
-        # admitted, and read so it put a third stream's arrival on a pod of four lanes at the mean (run 23's G3).
+        # admitted; read as queued, a third stream waiting for its step on a pod of four lanes read the arrivals at
+        # their mean and asked for a second pod (run 23's G3).
         queued = obs.queued_for_lane > 0
         caution = 1.0 if queued else rates.steady_caution
         rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution

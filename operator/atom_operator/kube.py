@@ -83,6 +83,16 @@ class KubeError(ApiException):
         return f"{self.status} {self.reason}" + (f": {said}" if said != str(self.reason) else "")
 
 
+def refusal(what: str, error: KubeError) -> KubeError | TransientError:
+    """What a refused request raises: a :class:`TransientError` where repeating it may succeed (a 409 conflict
+    among them, so a caller that expects conflicts catches that, not the KubeError), else the error itself."""
+    if error.status in RETRY_STATUSES:
+        transient = TransientError(f"{what}: {error}", delay=RETRY_DELAY)
+        transient.__cause__ = error
+        return transient
+    return error
+
+
 class Kube:
     """Requests to one API server: a pool for the reconcile workers, another for the long-lived watches."""
 
@@ -141,9 +151,7 @@ class Kube:
         if response.status >= 400:
             error = KubeError(http_resp=RESTResponse(response, data))
             error.body = data.decode(errors="replace")
-            if error.status in RETRY_STATUSES:
-                raise TransientError(f"{what}: {error}", delay=RETRY_DELAY) from error
-            raise error
+            raise refusal(what, error)
         return json.loads(data) if data else {}
 
     async def request(self, method: str, path: str, **params: Any) -> dict[str, Any]:

@@ -249,19 +249,23 @@ KEY = ("ns", "llm")
 class FakeKube:
     """The writes the loop makes, and the stored object a merge patch of its status leaves (as the watch sees).
     As the API server does, a patch that names a resourceVersion other than the object's is refused (409), and
-    every write moves it; ``lagging`` writes happen on the server while the watch has not shown them yet."""
+    every write moves it; ``lagging`` writes happen on the server while the watch has not shown them yet;
+    ``unavailable`` status writes are refused with 503. A refusal is raised as Kube raises it (``refusal``)."""
 
     def __init__(self, owners: dict) -> None:
-        self.owners, self.status_writes, self.events, self.lagging = owners, [], [], 0
+        self.owners, self.status_writes, self.events, self.lagging, self.unavailable = owners, [], [], 0, 0
 
     async def patch_status(self, kind: str, namespace: str, name: str, patch: dict) -> dict:
-        from atom_operator.kube import KubeError
+        from atom_operator.kube import KubeError, refusal
 
         body = self.owners[(namespace, name)]
         stored = body["metadata"].get("resourceVersion")
         wanted = (patch.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and (self.lagging or wanted != stored):
-            raise KubeError(status=409, reason="Conflict")
+            raise refusal("PATCH status", KubeError(status=409, reason="Conflict"))
+        if self.unavailable:
+            self.unavailable -= 1
+            raise refusal("PATCH status", KubeError(status=503, reason="Service Unavailable"))
         self.status_writes.append(patch)
 
         def merge(into: dict, p: dict) -> dict:
@@ -445,6 +449,32 @@ async def test_a_scale_down_is_announced_once_not_at_each_drain_decision(monkeyp
         await scaler.step(KEY)
     assert scaler.kube.events.count("ScaledDown") == 1
     assert len(scaler.kube.status_writes) == writes  # lastScaleTime stays the scale's
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_scale_whose_status_writes_are_refused_is_still_announced_and_written_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler wrote status since the watch saw it (the guarded write of the conditions conflicts) and the
+    API server refuses the plain write too: the scale still goes out (its Event, the drain, the reconciler asked
+    for the conditions), and the next decision writes status.autoscaling."""
+    owners = {KEY: autoscaled_owner()}
+    running, clock = [0.0], [1000.0]
+    scaler, enqueued = autoscaler(monkeypatch, owners, running, clock)
+    await scaler.step(KEY)  # the start's down window holds the count
+    written = len(scaler.kube.status_writes)
+    enqueued.clear()
+    scaler.kube.lagging, scaler.kube.unavailable = 1, 1
+    clock[0] += 300
+    await scaler.step(KEY)  # 2 -> 1
+    assert scaler.kube.events == ["ScaledDown", "DrainStarted"]
+    assert len(scaler.kube.status_writes) == written and enqueued == [KEY]
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 2  # not written yet
+    scaler.kube.lagging = 0
+    clock[0] += 15
+    await scaler.step(KEY)
+    assert owners[KEY]["status"]["autoscaling"]["decode"]["desiredReplicas"] == 1
+    assert scaler.kube.events.count("ScaledDown") == 1
 
 
 def test_a_pod_the_scheduler_cannot_place_is_seen_with_the_time_since() -> None:

@@ -35,7 +35,7 @@ from atom_operator.autoscale.decision import Condition, Decision, RoleDecision, 
 from atom_operator.autoscale.policy import policy
 from atom_operator.autoscale.scrape import CONCURRENCY, Sample, scrape
 from atom_operator.children.meta import ACCEPTING, ROLES, Owner, WorkloadRole, workload_name
-from atom_operator.kube import Kube, KubeError
+from atom_operator.kube import Kube, KubeError, TransientError
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -451,7 +451,9 @@ class Autoscaler:
             try:
                 await self.kube.patch_status("AtomDeployment", *key, patch)
                 carried = True
-            except KubeError as e:  # a conflict (409) the most likely: the object moved since the watch saw it
+            # A conflict (409, which Kube raises as a TransientError) the most likely: the object moved since the
+            # watch saw it (the reconciler's own status write, say).
+            except (KubeError, TransientError) as e:
                 log.debug("status.conditions of %s/%s left to the reconciler: %s", *key, e)
                 del patch["metadata"], patch["status"]["conditions"]
         if due and not carried:
@@ -461,6 +463,10 @@ class Autoscaler:
                 if e.status != 404:
                     raise
                 due = False  # the object is gone: nothing was written
+            except TransientError as e:
+                # The decision stands (its replicas are applied, its Event posted below); the next one writes it.
+                log.warning("status.autoscaling of %s/%s left to the next decision: %s", *key, e)
+                due = False
         if due:
             tracked.written, tracked.written_at = content, now
         if d.scaled:

@@ -7,12 +7,16 @@
    it is READY;
 5. run the engine exactly as the operator's pod specs say (their command, args and rendered settings, as
    local processes: kwok's pods run nothing) and ask the model, through the openai client, a question whose
-   answer anyone can check.
+   answer anyone can check;
+6. ask for a structured answer (a JSON schema), and let the model call a tool and answer from its result.
+
+``make test`` runs this script as ``make demo`` does (tests/cluster/test_demo.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -25,6 +29,7 @@ import yaml
 from atom_localcluster.__main__ import print_nodes
 from atom_localcluster.cluster import Cluster, free_port
 from atom_localcluster.processes import Processes, wait_http
+from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,14 +105,20 @@ def pod_spec(cluster: Cluster, component: str) -> tuple[list[str], str]:
 def engine_as_the_pods_run_it(cluster: Cluster, procs: Processes) -> Iterator[str]:
     """Start prefill then decode locally with the pods' command and settings; yield the decode URL."""
     ports = {"prefill": free_port(), "decode": free_port()}
+    kv_port = free_port()  # the prefill worker's KV transport, which decode fetches from (not its HTTP port)
     urls = {}
     for role in ("prefill", "decode"):
         argv, settings_yaml = pod_spec(cluster, role)
         settings = yaml.safe_load(settings_yaml)
+        if role == "prefill":
+            # The pod's fixed pdKvPort would clash with anything else on this machine that holds it.
+            print(f"prefill: pdKvPort {settings.get('pdKvPort', 'default')} -> {kv_port}")
+            settings["pdKvPort"] = kv_port
         if role == "decode" and settings.get("prefillWorkers"):
-            # In the cluster this is the headless Service's DNS name; here the worker is a local process.
-            print(f"decode: prefillWorkers {settings['prefillWorkers']} -> 127.0.0.1:{ports['prefill']}")
-            settings["prefillWorkers"] = f"127.0.0.1:{ports['prefill']}"
+            # In the cluster this is the headless Service's DNS name and the KV port; here the worker is a local
+            # process listening on kv_port.
+            print(f"decode: prefillWorkers {settings['prefillWorkers']} -> 127.0.0.1:{kv_port}")
+            settings["prefillWorkers"] = f"127.0.0.1:{kv_port}"
         config = procs.workdir / f"{role}.yaml"
         config.write_text(yaml.safe_dump(settings))
         argv = [_local(a, argv, config, ports[role]) for a in argv]
@@ -147,8 +158,60 @@ def chat(url: str) -> None:
         raise RuntimeError(f"the model did not answer {QUESTION!r} with Paris: {answer!r}")
 
 
+class Capital(BaseModel):
+    """The structured answer's shape: the engine's grammar makes the reply parse as this."""
+
+    city: str
+    country: str
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def structured(url: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": f"{QUESTION} Answer with the city and its country."}],
+        response_format=Capital, max_tokens=48, temperature=0)
+    answer = reply.choices[0].message
+    print(f"user: {QUESTION} (response_format: the JSON schema of {Capital.__name__})")
+    print(f"{model}: {answer.content}")
+    if answer.parsed is None:
+        raise RuntimeError(f"the reply did not parse as {Capital.__name__}: {answer.content!r}")
+    print(f"parsed: {answer.parsed!r}")
+
+
+def tool_call(url: str) -> None:
+    """One tool round trip: the model calls the tool, the demo runs it, the model answers from its result."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
+                                           tool_choice="required", max_tokens=48, temperature=0)
+    message = reply.choices[0].message
+    if not message.tool_calls:
+        raise RuntimeError(f"no tool call came back: {message!r}")
+    call = message.tool_calls[0]
+    arguments = json.loads(call.function.arguments)  # the tool grammar makes them JSON of the tool's schema
+    result = {"city": arguments.get("city", ""), "temperature_c": 18, "sky": "sunny"}
+    print(f"user: {messages[0]['content']} (tools: {WEATHER_TOOL['function']['name']}, tool_choice required)")
+    print(f"{model} calls {call.function.name}({call.function.arguments}) -> {json.dumps(result)}")
+    messages += [message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}]
+    answer = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
+                                            max_tokens=32, temperature=0)
+    print(f"{model}: {answer.choices[0].message.content}")
+
+
 def main() -> int:
-    steps = Steps(7)
+    steps = Steps(9)
     workdir = Path(tempfile.mkdtemp(prefix="atom-demo-"))
     cluster = Cluster()
     procs = Processes(workdir)
@@ -165,6 +228,9 @@ def main() -> int:
                         lambda: stack.enter_context(engine_as_the_pods_run_it(cluster, procs)))
         with stack:
             steps.run(f"ask {NAME} {QUESTION!r} through the openai client", lambda: chat(url))
+            steps.run("ask for a structured answer (a JSON schema the engine's grammar enforces)",
+                      lambda: structured(url))
+            steps.run("let the model call a tool, run it, and answer from its result", lambda: tool_call(url))
     finally:
         print("\n[cleanup] stopping the engine, the operator and the control plane", flush=True)
         procs.stop()

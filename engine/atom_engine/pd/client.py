@@ -57,6 +57,12 @@ class PrefillRefused(KVRefused):
     """A prefill worker refused the request itself (its 4xx, passed on to the client)."""
 
 
+def _attempt_text(address: str, error: str) -> str:
+    """A failed attempt as the 503 and the breaker tell it: the worker, then what it did (an error that opens
+    with its worker's address already says both)."""
+    return error if error.startswith(f"{address} ") else f"{address}: {error}"
+
+
 async def resolve_host(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return sorted({f"[{i[4][0]}]:{port}" if i[0] == socket.AF_INET6 else f"{i[4][0]}:{port}" for i in infos})
@@ -206,7 +212,7 @@ class PrefillClient:
             raise PrefillUnavailable(f"no prefill worker found for {self._target_text()}"
                                      f" (waited {breaker.clock() - start:.1f}s)")
         raise PrefillUnavailable(f"prefill failed on {len(errors)} worker(s): "
-                                 + "; ".join(f"{a}: {e}" for a, e in errors.items()))
+                                 + "; ".join(_attempt_text(a, e) for a, e in errors.items()))
 
     def _failed(self, address: str, error: str, unanswered_: bool, attempt: int, expect: Expect,
                 failed: set[str], unanswered: set[str], errors: dict[str, str]) -> None:
@@ -214,7 +220,7 @@ class PrefillClient:
         self._failed_at[address] = time.monotonic()
         errors[address] = error
         (unanswered if unanswered_ else failed).add(address)
-        self.breaker.failure(f"{address}: {error}")
+        self.breaker.failure(_attempt_text(address, error))
         log.warning("event=prefill_attempt_failed request_id=%s worker=%s attempt=%d answered=%s error=%s",
                     expect.request_id, address, attempt, not unanswered_, error)
 

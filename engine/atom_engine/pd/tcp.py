@@ -41,11 +41,13 @@ from atom_engine.pd.wire import (
     ERROR,
     FRAME,
     HEARTBEAT,
+    MISWIRED,
     PING,
     REQUEST,
     CorruptTransfer,
     Expect,
     Shipment,
+    SpeaksHttp,
     message,
     read_frame,
     read_message,
@@ -67,6 +69,11 @@ class StreamEnded(ConnectionError):
 
 class Silent(TimeoutError):
     """The worker sent nothing, not even an acknowledgement, for a whole lease before its answer."""
+
+
+def answers_http(address: str) -> str:
+    """What a decoder says of a prefillWorkers address that answered with HTTP."""
+    return f"{address} answers HTTP: {MISWIRED}"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -214,6 +221,8 @@ class TcpTransport:
         except TimeoutError as exc:
             raise WorkerFailed(f"timed out (connect {t.connect}s, first byte {t.response}s, read {t.read}s,"
                                f" total {t.total}s)") from exc
+        except SpeaksHttp as exc:  # a miswired pool, not a corrupt transfer: say which setting names what
+            raise WorkerFailed(answers_http(address)) from exc
         except CorruptTransfer as exc:
             raise WorkerFailed(f"corrupt KV transfer refused: {exc}") from exc
         except OSError as exc:  # reset, or the stream ended: before any byte, a worker stopping or not there yet
@@ -263,6 +272,9 @@ class TcpTransport:
                 kind, _ = await read_message(SocketReader(sock, self.timeouts.connect, self.timeouts.connect),
                                              (PING,))
                 return kind == PING
+        except SpeaksHttp:
+            log.warning("event=kv_ping_failed worker=%s error=%s", address, answers_http(address))
+            return False
         except (OSError, TimeoutError, CorruptTransfer):
             return False
         finally:

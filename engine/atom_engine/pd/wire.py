@@ -52,6 +52,7 @@ import xxhash
 
 from atom_engine.dtypes import dtype_name
 from atom_engine.sequence import TokenLogprob
+from atom_engine.settings import EngineSettings
 
 VERSION = 3
 PREFIX = struct.Struct("<4sBBIQ")
@@ -66,6 +67,25 @@ KV_LAYOUT = "layers,kv_heads,tokens,head_dim"  # the axis order of K and V in th
 
 class CorruptTransfer(ValueError):
     """A frame that is not what the receiver asked for: refused, never imported."""
+
+
+# What an HTTP peer's first four bytes are: a response's status line, or a request's method (RFC 9110's methods,
+# cut to four bytes, and HTTP/2's connection preface).
+HTTP_RESPONSE = b"HTTP"
+HTTP_REQUESTS = (b"GET ", b"HEAD", b"POST", b"PUT ", b"DELE", b"CONN", b"OPTI", b"TRAC", b"PATC", b"PRI ")
+KV_PORT_DEFAULT = EngineSettings.model_fields["pd_kv_port"].default
+MISWIRED = (f"prefillWorkers must name the worker's KV port (pdKvPort, {KV_PORT_DEFAULT} by default),"
+            " not its HTTP port")
+
+
+class SpeaksHttp(ValueError):
+    """The peer spoke HTTP on the KV transport: an address that names the wrong port, not a corrupt transfer.
+    ``request``: the peer sent an HTTP request (a client on the KV port) rather than answered with HTTP (a decoder
+    dialing a worker's HTTP port)."""
+
+    def __init__(self, request: bool) -> None:
+        super().__init__("an HTTP request on the KV port" if request else "an HTTP answer on the KV transport")
+        self.request = request
 
 
 @dataclass(frozen=True)
@@ -174,8 +194,13 @@ def frame_bytes(ship: Shipment) -> bytes:
 
 
 async def read_message(reader: Reader, kinds: tuple[bytes, ...]) -> tuple[bytes, dict[str, Any]]:
-    """One message's kind and header, checked: its kind one of ``kinds``, its version this one, its header whole."""
-    kind, version, _flags, header_len, header_sum = PREFIX.unpack(await reader.read_exactly(PREFIX.size))
+    """One message's kind and header, checked: its kind one of ``kinds``, its version this one, its header whole.
+    The kind is read alone first, so a peer that speaks HTTP is named (:class:`SpeaksHttp`) even when what it sent
+    is shorter than a prefix."""
+    kind = await reader.read_exactly(4)
+    if kind == HTTP_RESPONSE or kind in HTTP_REQUESTS:
+        raise SpeaksHttp(request=kind != HTTP_RESPONSE)
+    _, version, _flags, header_len, header_sum = PREFIX.unpack(kind + await reader.read_exactly(PREFIX.size - 4))
     if kind not in kinds:
         want = " or ".join(repr(k) for k in kinds)
         raise CorruptTransfer(f"not a KV transport message (kind {kind!r}, want {want})")

@@ -11,6 +11,8 @@ request, 500: the prefill failed), never as a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import threading
 from concurrent.futures import Executor, Future
@@ -19,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from atom_engine.errors import RequestRejected
 from atom_engine.pd.tcp import TcpConnection
-from atom_engine.pd.wire import PING, CorruptTransfer, message
+from atom_engine.pd.wire import MISWIRED, PING, CorruptTransfer, SpeaksHttp, message
 from atom_engine.sequence import MAX_LOGPROBS
+from atom_engine.server.error_responses import error_body
 from atom_engine.stats import ServiceStats
 
 if TYPE_CHECKING:  # torch: imported once the server loads the worker, not before it listens
@@ -58,6 +61,10 @@ class PrefillService:
         """One decoder connection: a ping, or one request and its frame."""
         try:
             kind, body = await conn.read_request(self.request_timeout)
+        except SpeaksHttp as exc:  # an HTTP client on the KV port: answer it in HTTP, so it learns which port
+            log.info("event=kv_http_request peer=%s", conn.peer)
+            await self._refuse_http(conn, exc)
+            return
         except CorruptTransfer as exc:  # garbage on the KV port: say so and close, nothing else
             log.info("event=kv_bad_message peer=%s error=%s", conn.peer, exc)
             await conn.send_error(400, f"bad KV request: {exc}", "invalid_request", self.send_timeout)
@@ -79,6 +86,19 @@ class PrefillService:
             await self._serve(conn, job)
         finally:
             self.counters.prefill_in_flight -= 1
+
+    async def _refuse_http(self, conn: TcpConnection, exc: SpeaksHttp) -> None:
+        """An HTTP 400 with an OpenAI error body that names the two ports, then the connection closes."""
+        if not exc.request:  # an HTTP answer sent to a worker: nobody to explain it to in HTTP
+            await conn.send_error(400, f"bad KV request: {exc}", "invalid_request", self.send_timeout)
+            return
+        text = ("this is a prefill worker's KV transport port (pdKvPort), which speaks no HTTP: HTTP clients use the"
+                f" worker's HTTP port; {MISWIRED}")
+        body = json.dumps(error_body(400, text, code="wrong_port")).encode()
+        head = ("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        with contextlib.suppress(OSError, TimeoutError):
+            await conn.send([head, body], self.send_timeout)
 
     async def _pong(self, conn: TcpConnection) -> None:
         try:

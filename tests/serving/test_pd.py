@@ -125,7 +125,8 @@ async def test_a_truncated_or_oversize_frame_is_refused_with_503_and_nothing_hel
 async def test_garbage_on_the_kv_port_is_refused_and_the_worker_serves_on(prefill_pair: list[Proc]) -> None:
     worker = prefill_pair[0]
     reader, writer = await asyncio.open_connection("127.0.0.1", worker.kv_port)
-    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)) * 8)
+    # Bytes of no protocol (an HTTP request on this port is answered in HTTP: tests/serving/test_pd_miswired.py).
+    writer.write(b"\x16\x03\x01garbage" + bytes(range(256)) * 8)
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(), 10)  # an error message, then the worker closes
     writer.close()

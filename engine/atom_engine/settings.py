@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 
 from atom_engine import limits
 from atom_engine.dtypes import DTypeName
+from atom_engine.model.chat_templates import CHAT_TEMPLATES
 
 Role = Literal["standalone", "decode", "prefill"]
 
@@ -23,6 +24,13 @@ class EngineSettings(BaseModel):
     model_name: str = Field("tiny", description="Model id served on /v1/models and accepted in requests.")
     model_source: str = Field(
         "builtin:tiny", description="builtin:tiny, or a Hugging Face-layout checkpoint directory."
+    )
+    chat_template: Literal[("checkpoint", *CHAT_TEMPLATES)] | None = Field(
+        None,
+        description="The chat template chat prompts are rendered with: checkpoint (the checkpoint's own), or one the"
+        " engine ships: smollm2-hermes (SmolLM2's ChatML with tools in the Hermes format, as Qwen2.5's template"
+        " renders them; plain chats render as SmolLM2's own template does). Unset: a built-in model's own choice"
+        " (builtin:smollm2-135m: smollm2-hermes, so it can call tools), else the checkpoint's.",
     )
     max_seq_len: int = Field(512, ge=limits.MAX_SEQ_LEN_MIN, le=limits.MAX_SEQ_LEN_MAX)
     backend: Literal[limits.BACKENDS] = "cpu"  # rngd: prefill workers on FuriosaAI RNGD (limits.BACKEND_ROLES)

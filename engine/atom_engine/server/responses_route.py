@@ -29,7 +29,8 @@ from atom_engine.server.responses import (
     response_body,
     usage_of,
 )
-from atom_engine.server.tools import ToolRequest, ToolStream, chat_tools, parse_tool_calls
+from atom_engine.server.tool_stream import CallDelta, ToolStream
+from atom_engine.server.tools import ToolRequest, chat_tools, parse_tool_calls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -78,7 +79,7 @@ class ResponsesAPI:
                 ids = r._encode(r.chat_template.render(chat.messages, tools=tools.rendered), add_special_tokens=False)
                 default = max(1, r.engine.settings.max_seq_len - len(ids))
                 params = r._params(lambda: chat.chat_sampling(default))
-                params = await r.structured.apply(chat.grammar() or tools.grammar, params)
+                params = await r.structured.apply(tools.grammar, params)
             except ApiError as exc:
                 raise renamed(exc, len(history) + (1 if req.instructions else 0)) from None
             try:
@@ -137,6 +138,7 @@ class ResponsesAPI:
         message: dict[str, Any] | None = None  # the message item being streamed
         text = ""
         calls: list[dict[str, Any]] = []
+        items: dict[int, dict[str, Any]] = {}  # the function_call items by the call's index
         try:
             async for out in outs:
                 call.take(out)
@@ -164,19 +166,10 @@ class ResponsesAPI:
                     text += delta
                     await events.send("response.output_text.delta", {**_where(message, output), "delta": delta,
                                                                      "logprobs": []})
-                for c in new_calls:
-                    calls.append(c)
-                    message = await self._close_message(events, message, output, text)
-                    item = call_item(c, "in_progress")
-                    output.append(item)
-                    where = {"item_id": item["id"], "output_index": len(output) - 1}
-                    await events.send("response.output_item.added", {"output_index": len(output) - 1, "item": item})
-                    await events.send("response.function_call_arguments.delta", {**where,
-                                                                                 "delta": c["function"]["arguments"]})
-                    item.update(arguments=c["function"]["arguments"], status="completed")
-                    await events.send("response.function_call_arguments.done", {
-                        **where, "name": item["name"], "arguments": item["arguments"]})
-                    await events.send("response.output_item.done", {"output_index": len(output) - 1, "item": item})
+                for change in new_calls:
+                    if change.id is not None:
+                        message = await self._close_message(events, message, output, text)
+                    await self._call_events(events, change, output, items, calls)
             if not output:  # nothing was said (an EOS at once): still one message, empty
                 message = message_item("", "in_progress")
                 output.append(message)
@@ -196,6 +189,29 @@ class ResponsesAPI:
         except ConnectionResetError:
             log.info("event=client_disconnected request_id=%s", call.rid)
             return events.resp or web.Response(status=499)
+
+    @staticmethod
+    async def _call_events(events: _Events, change: CallDelta, output: list[dict[str, Any]],
+                           items: dict[int, dict[str, Any]], calls: list[dict[str, Any]]) -> None:
+        """A streamed call's events: its item added when its name is known, each piece of its arguments as a
+        ``function_call_arguments.delta``, then its ``.done`` and the item's."""
+        if change.id is not None:
+            item = call_item({"id": change.id, "function": {"name": change.name, "arguments": ""}}, "in_progress")
+            items[change.index] = item
+            output.append(item)
+            await events.send("response.output_item.added", {"output_index": len(output) - 1, "item": item})
+        item = items[change.index]
+        where = {"item_id": item["id"], "output_index": output.index(item)}
+        if change.arguments:
+            item["arguments"] += change.arguments
+            await events.send("response.function_call_arguments.delta", {**where, "delta": change.arguments})
+        if change.done:
+            item["status"] = "incomplete" if change.cut else "completed"
+            calls.append({"id": item["call_id"], "type": "function",
+                          "function": {"name": item["name"], "arguments": item["arguments"]}})
+            await events.send("response.function_call_arguments.done", {
+                **where, "name": item["name"], "arguments": item["arguments"]})
+            await events.send("response.output_item.done", {"output_index": where["output_index"], "item": item})
 
     @staticmethod
     async def _close_message(events: _Events, message: dict[str, Any] | None, output: list[dict[str, Any]],

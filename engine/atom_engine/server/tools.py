@@ -1,6 +1,6 @@
 """Tool calling: a request's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` checked, the grammar that
-enforces ``required`` and a named function, and the model's tool calls parsed out of its text (whole or as a
-stream).
+enforces ``required`` and a named function (and lets a tool be called under ``auto`` with a format), and the
+model's tool calls parsed out of its whole text (a stream's: :mod:`atom_engine.server.tool_stream`).
 
 Tools reach the model only through its chat template (transformers' ``apply_chat_template(tools=...)``): a
 template that never reads ``tools`` would drop them, so such a model is refused (a 400 naming why), not served
@@ -33,6 +33,8 @@ HERMES = "hermes"
 NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")  # OpenAI's rule for a function name
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 _CALL = re.compile(re.escape(CALL_BEGIN) + r"\s*(.*?)\s*" + re.escape(CALL_END), re.DOTALL)
+# A call's beginning in the Hermes format, up to its arguments (the name's JSON escapes kept).
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -65,19 +67,22 @@ class ToolRequest:
         """The output may hold tool calls (to parse)."""
         return bool(self.tools) and self.choice != "none"
 
-    def grammar(self) -> GrammarSpec | None:
-        """``required``: one or more calls (one unless ``parallel``) of the given tools and nothing else; a named
-        function: one call of it. ``auto`` and ``none`` leave the text free (as vLLM does)."""
-        if self.choice in ("auto", "none"):
-            return None
-        tools = [t for t in self.tools if t["function"]["name"] == self.choice] if self.choice != "required" \
-            else list(self.tools)
+    @property
+    def forced(self) -> bool:
+        """``required`` or a named function: the output is calls only."""
+        return self.choice not in ("auto", "none")
+
+    def calls_grammar(self) -> GrammarSpec:
+        """Calls and nothing else: one call of a named function; else one or more calls (one unless
+        ``parallel``) of the given tools, the arguments matching each tool's ``parameters`` schema."""
+        named = self.choice in self.names
+        tools = [t for t in self.tools if t["function"]["name"] == self.choice] if named else list(self.tools)
         tags = [{"type": "tag", "begin": f'{CALL_BEGIN}\n{{"name": "{t["function"]["name"]}", "arguments": ',
                  "content": {"type": "json_schema", "json_schema": t["function"]["parameters"],
                              "max_whitespace_cnt": 1},
                  "end": f"}}\n{CALL_END}"} for t in tools]
         fmt: dict[str, Any] = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-                               "stop_after_first": self.choice != "required" or not self.parallel}
+                               "stop_after_first": named or not self.parallel}
         return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
 
@@ -121,7 +126,7 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel: bool | Non
 @dataclass(frozen=True)
 class ChatTools:
     """What a chat request's tools mean for serving it: the tools to parse calls for (None: free text), the
-    tools the template renders, and the grammar that enforces ``required`` / a named function."""
+    tools the template renders, and the one grammar the turn samples under (with the field it answers to)."""
 
     parse: ToolRequest | None
     rendered: list[dict[str, Any]] | None
@@ -132,9 +137,28 @@ def chat_tools(req: ChatCompletionRequest, tool_format: str | None, model: str) 
     tools = req.tool_request()
     check_template(tools, req.history_calls, tool_format, model)
     rendered = list(tools.tools) if tools is not None and tool_format is not None else None
-    spec = tools.grammar() if tools is not None else None
-    return ChatTools(tools if tools is not None and tools.calls else None, rendered,
-                     ("tool_choice", spec) if spec is not None else None)
+    calls = tools if tools is not None and tools.calls else None
+    return ChatTools(calls, rendered, turn_grammar(calls, req.grammar()))
+
+
+def turn_grammar(tools: ToolRequest | None, answer: tuple[str, GrammarSpec] | None
+                 ) -> tuple[str, GrammarSpec] | None:
+    """The grammar of one turn of a request with tools that may be called (``tools``) and an answer format
+    (``answer``: the field and its grammar), as agents send them: the format is for the answer, the turn that
+    follows the calls.
+
+    - A forced call (``required``, a named function): the turn is calls only, under the calls' grammar; the
+      format applies to the answering turn, which the client sends without forcing a call.
+    - ``auto`` with a format: the calls or the formatted answer (a union of both grammars), so the model may
+      still call a tool.
+    - ``auto`` alone: free text (as vLLM); no tools to call: the format's grammar, if any."""
+    if tools is None:
+        return answer
+    if tools.forced:
+        return "tool_choice", tools.calls_grammar()
+    if answer is None:
+        return None
+    return answer[0], GrammarSpec.any_of(tools.calls_grammar(), answer[1])
 
 
 def chat_message(text: str, tools: ToolRequest | None) -> tuple[dict[str, Any], bool]:
@@ -165,12 +189,63 @@ def check_template(tools: ToolRequest | None, history_calls: bool, fmt: str | No
                        param=param, code="tools_unsupported")
 
 
-def _call_id() -> str:
+def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
-    """One call's JSON to OpenAI's ``tool_calls`` entry (``arguments`` as a JSON string); None if malformed."""
+class ObjectEnd:
+    """Where a JSON object written out piece by piece ends: its braces and brackets counted outside strings. Fed
+    the text from the object's ``{`` on, each piece once."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._string = False
+        self._escape = False
+
+    def feed(self, text: str) -> int | None:
+        """The index in ``text`` just past the object's last ``}``; None while it goes on."""
+        for i, ch in enumerate(text):
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._string = False
+            elif ch == '"':
+                self._string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
+
+
+def call_header(body: str) -> tuple[str, int] | None:
+    """A call's name and where its arguments begin, when ``body`` (the text after ``<tool_call>``) starts as the
+    Hermes format writes a call, ``{"name": "...", "arguments": {``; None otherwise (or not yet)."""
+    m = _HEADER.match(body)
+    if m is None or body[m.end() : m.end() + 1] != "{":
+        return None
+    try:
+        name = json.loads(f'"{m.group(1)}"')
+    except ValueError:
+        return None
+    return name, m.end()
+
+
+def parse_call(body: str) -> dict[str, Any] | None:
+    """One call's JSON to OpenAI's ``tool_calls`` entry; None if malformed. ``arguments`` is the object as the
+    model wrote it, which is what a stream sends piece by piece (:mod:`atom_engine.server.tool_stream`); a call
+    in another shape (its keys in another order, vLLM's ``parameters``) has its arguments re-serialized."""
+    header = call_header(body)
+    if header is not None:
+        name, at = header
+        end = ObjectEnd().feed(body[at:])
+        if end is not None and re.fullmatch(r"\s*\}\s*", body[at + end :]) and _an_object(body[at : at + end]):
+            return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": body[at : at + end]}}
     try:
         obj = json.loads(body)
     except ValueError:
@@ -178,8 +253,15 @@ def _parse_call(body: str) -> dict[str, Any] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    return {"id": _call_id(), "type": "function",
+    return {"id": call_id(), "type": "function",
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _an_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
@@ -191,7 +273,7 @@ def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list
     content: list[str] = []
     at = 0
     for m in _CALL.finditer(text):
-        call = _parse_call(m.group(1))
+        call = parse_call(m.group(1))
         if call is None:
             continue
         content.append(text[at : m.start()])
@@ -203,73 +285,3 @@ def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list
     if calls:
         rest = rest.strip()
     return (rest or None) if calls else text, calls
-
-
-@dataclass
-class ToolStream:
-    """The calls of a streamed output as they complete: text that may start a call is held back, a call's text
-    is held until its end tag, then sent as one ``tool_calls`` delta (OpenAI's clients join a call's deltas by
-    ``index``; a whole call in one delta is one such sequence). ``parallel`` false: calls after the first are
-    dropped, as :func:`parse_tool_calls` drops them."""
-
-    parallel: bool = True
-    called: int = 0
-    _buf: str = ""
-    _space: str = ""  # whitespace held: dropped between and around calls, sent before other text
-    _in_call: bool = False
-    sent_text: bool = False
-
-    def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
-        """The content to send now and the calls completed by ``text``."""
-        self._buf += text
-        content, calls = [], []
-        while True:
-            if not self._in_call:
-                i = self._buf.find(CALL_BEGIN)
-                if i < 0:
-                    keep = 0 if final else _partial_suffix(self._buf, CALL_BEGIN)
-                    content.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep :]
-                    break
-                content.append(self._buf[:i])
-                self._buf, self._in_call = self._buf[i:], True
-            j = self._buf.find(CALL_END)
-            if j < 0:
-                if final:  # a call never closed: it stays text
-                    content.append(self._buf)
-                    self._buf = ""
-                break
-            body = self._buf[len(CALL_BEGIN) : j]
-            call = _parse_call(body.strip())
-            if call is None:
-                content.append(self._buf[: j + len(CALL_END)])
-            elif self.parallel or not self.called:
-                calls.append({"index": self.called, **call})
-                self.called += 1
-            self._buf, self._in_call = self._buf[j + len(CALL_END) :], False
-        return self._text("".join(content), final), calls
-
-    def _text(self, text: str, final: bool) -> str:
-        """Content as the whole-text parse gives it: whitespace next to a call is not content. Trailing
-        whitespace is held until text follows (sent with it) or the end (sent only if nothing was called)."""
-        body = text.rstrip()
-        if not body:
-            self._space += text
-            if final and not self.called:
-                text, self._space = self._space, ""
-                return text
-            return ""
-        held = self._space if self.sent_text or not self.called else ""
-        self._space = text[len(body):]
-        if not self.sent_text and self.called:
-            body = body.lstrip()
-        self.sent_text = True
-        return held + body
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that begins ``tag`` (it may be the start of a call)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0

@@ -77,27 +77,33 @@ class Grammars:
         return grammar
 
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
-        c, xg = self._compiler, _from_xgrammar
+        return _from_xgrammar(self._compiler.compile_grammar, self._grammar(spec))
+
+    def _grammar(self, spec: GrammarSpec) -> xgrammar.Grammar:
+        """``spec``'s grammar, not yet compiled for the tokenizer (a :class:`GrammarError` for a bad source)."""
+        grammar, xg = self._xgr.Grammar, _from_xgrammar
         if spec.kind == "json_schema":
             if (depth := nesting_depth(spec.source)) > MAX_SCHEMA_DEPTH:
                 raise GrammarError(f"the schema is nested {depth} levels deep (objects and arrays); this engine"
                                    f" takes at most {MAX_SCHEMA_DEPTH}")
-            return xg(c.compile_grammar, self._json_ebnf(spec.source, spec.any_whitespace, strict=True))
+            return xg(grammar.from_ebnf, self._json_ebnf(spec.source, spec.any_whitespace, strict=True))
         if spec.kind == "json_object":
             if spec.any_whitespace:
-                return xg(c.compile_builtin_json_grammar)
-            return xg(c.compile_grammar, self._json_ebnf('{"type": "object"}', False, strict=False))
+                return grammar.builtin_json_grammar()
+            return xg(grammar.from_ebnf, self._json_ebnf('{"type": "object"}', False, strict=False))
         if spec.kind == "regex":
-            return xg(c.compile_regex, spec.source)
+            return xg(grammar.from_regex, spec.source)
         if spec.kind == "choice":
             options = json.loads(spec.source)  # ours (GrammarSpec.choice): a failure here is a bug, not a 400
             rule = " | ".join(json.dumps(o) for o in options)  # EBNF string literals use JSON's escapes
-            return xg(c.compile_grammar, f"root ::= {rule}")
+            return xg(grammar.from_ebnf, f"root ::= {rule}")
         if spec.kind == "grammar":
-            return xg(c.compile_grammar, spec.source)
+            return xg(grammar.from_ebnf, spec.source)
         if spec.kind == "structural_tag":  # text and tagged JSON (tool calls, :mod:`atom_engine.server.tools`)
-            ebnf = str(xg(self._xgr.Grammar.from_structural_tag, spec.source))
-            return xg(c.compile_grammar, ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR))
+            ebnf = str(xg(grammar.from_structural_tag, spec.source))
+            return xg(grammar.from_ebnf, ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR))
+        if spec.kind == "any_of":  # one of several grammars: a tool call or the formatted answer
+            return xg(grammar.union, *(self._grammar(part) for part in spec.parts()))
         raise GrammarError(f"unknown grammar kind {spec.kind!r}")
 
     def _json_ebnf(self, schema: str, any_whitespace: bool, strict: bool) -> str:

@@ -6,14 +6,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "structural_tag"]
+Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "structural_tag", "any_of"]
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
     """``source``: the schema as canonical JSON (``json_schema``), the regex, the choices as a JSON list, the
-    EBNF text (``grammar``), or xgrammar's structural tag as JSON (``structural_tag``: tagged JSON such as tool
-    calls); empty for ``json_object``. ``any_whitespace``: JSON may hold any whitespace between its tokens
+    EBNF text (``grammar``), xgrammar's structural tag as JSON (``structural_tag``: tagged JSON such as tool
+    calls), or the specs of which the output follows any one (``any_of``: :meth:`any_of`); empty for
+    ``json_object``. ``any_whitespace``: JSON may hold any whitespace between its tokens
     (vLLM's default); off, JSON is written on one line with single spaces after separators, so a sampling model
     cannot pad with whitespace until max_tokens cuts the object off."""
 
@@ -29,3 +30,12 @@ class GrammarSpec:
     @classmethod
     def choice(cls, options: list[str]) -> GrammarSpec:
         return cls("choice", json.dumps(list(options)))
+
+    @classmethod
+    def any_of(cls, *parts: GrammarSpec) -> GrammarSpec:
+        """An output that follows one of ``parts`` (xgrammar's union of their grammars)."""
+        return cls("any_of", json.dumps([[p.kind, p.source, p.any_whitespace] for p in parts]))
+
+    def parts(self) -> list[GrammarSpec]:
+        """An ``any_of``'s specs."""
+        return [GrammarSpec(kind, source, any_whitespace) for kind, source, any_whitespace in json.loads(self.source)]

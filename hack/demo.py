@@ -194,7 +194,8 @@ def tool_call(url: str) -> None:
     model = client.models.list().data[0].id
     messages: list[dict] = [{"role": "user", "content": "What is the weather in Paris?"}]
     reply = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL],
-                                           tool_choice="required", max_tokens=48, temperature=0)
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=48,
+                                           temperature=0)
     message = reply.choices[0].message
     if not message.tool_calls:
         raise RuntimeError(f"no tool call came back: {message!r}")

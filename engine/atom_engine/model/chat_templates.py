@@ -6,11 +6,12 @@ over (a call's ``arguments`` an object), ``tools`` as ``apply_chat_template(tool
 
 ``smollm2-hermes``: SmolLM2-135M-Instruct's ChatML with tools in the Hermes format, laid out as Qwen2.5's template
 lays them: the tools as JSON signatures inside ``<tools></tools>`` at the end of the system turn, each call an
-assistant's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, and each result a ``tool`` turn in
-``<tool_response></tool_response>``. Without tools and tool messages it renders exactly as SmolLM2's own
-template (the same default system prompt, the same turns), so plain chats keep their prompt tokens. A call in
-the history is written as the engine's tool grammar writes one (:mod:`atom_engine.server.tools`), so a
-conversation carried back reads as the model wrote it.
+assistant's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, and each result a ``tool`` turn holding
+the result as it is (not Qwen2.5's ``<tool_response>`` user turn: SmolLM2-135M repeats such a turn's tags back
+rather than answering from it). Without tools and tool messages it renders exactly as SmolLM2's own template (the
+same default system prompt, the same turns), so plain chats keep their prompt tokens. A call in the history is
+written as the engine's tool grammar writes one (:mod:`atom_engine.server.tools`), so a conversation carried back
+reads as the model wrote it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ SMOLLM2_HERMES = r"""
 {%- endfor %}
 {{- '<|im_end|>\n' }}
 {%- elif message.role == 'tool' %}
-{{- '<|im_start|>tool\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+{{- '<|im_start|>tool\n' + message.content + '<|im_end|>\n' }}
 {%- else %}
 {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
 {%- endif %}

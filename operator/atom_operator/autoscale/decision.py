@@ -132,7 +132,7 @@ def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, sp
         # cannot show more than there are), else read cautiously (a few long streams to a window are noise).
         # Queued for a lane: waiting at a pod whose every lane is held. One waiting beside a free lane is being
         # admitted; read as queued, a third stream waiting for its step on a pod of four lanes read the arrivals at
-        # their mean and asked for a second pod (run 23's G3).
+        # their mean and asked for a second pod.
         queued = obs.queued_for_lane > 0
         caution = 1.0 if queued else rates.steady_caution
         rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution
@@ -266,14 +266,14 @@ def _yield_to_prefill(
     showing in decode; where both roles' needs do not fit, an NPU kept for decode's headroom leaves the bottleneck
     as it is, and the same NPU given to prefill shortens the wait. Never fewer pods than the lanes decode's
     requests hold (within the tolerance, below): lanes held while a worker computes a prompt are decode's own (no
-    worker count shortens one prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's
-    E phases, 4.2-4.6 lanes yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering
+    worker count shortens one prompt), and a yield below them made decode the bottleneck instead (the
+    pair then flips between the two ways of sharing the NPUs). A recommendation, not a target: lowering
     decode waits for its down window like any scale-down, and ``waited`` spans the window, so a reading with no
     lane waiting does not undo it at once.
 
     Full occupancy has the tolerance on top (a pod's lanes and a tenth): lanes held by prompts being computed swing
     by a lane or two between readings, and at one pod's lanes exactly the count read 1, 2, 1, 2, so the down
-    window, which keeps the largest, never let the yield happen (run 14's C3b, 3.1 and 4.2 lanes in turn)."""
+    window, which keeps the largest, never let the yield happen."""
     d_rec = recommended[1]
     bound = npu_bound(recommended, policy, room)
     if not bound or hold or need is None or not waited:

@@ -17,16 +17,16 @@ A fall restarts the regime's means only (decode's floor in a steady load): when 
 window of them, hold improbably few arrivals at the rate since the last change (the same Poisson tail), the means
 are read over them. Nothing else moves: no step is read (a lull is no reason to grow), the window's rates and the
 reference a rise is tested against stay as they were, so a false fall costs no more than a lower floor for a
-while. Without it the means held the busier load for up to ``SHAPE_SECONDS`` after it ended (runs 14-20's C2:
-decode kept E2's second pod to the phase's end, reading E2's streams). Up to one window of intervals is tested: a
-fall to a few arrivals a window shows only over several of them, where a rise of the same size shows in one.
+while. Without it the means held the busier load for up to ``SHAPE_SECONDS`` after it ended: decode kept the
+busier load's pods, reading its streams, long after the load fell. Up to one window of intervals is tested: a fall
+to a few arrivals a window shows only over several of them, where a rise of the same size shows in one.
 
 A change of the requests' shape is a change point too, where the count may not show it: when the newest
 intervals' requests (at least ``MIX_REQUESTS``, within one window) ask ``MIX_FACTOR`` times more or fewer prompt
 tokens or max_tokens each than the older ones (since the last new mix). The rates after it are read as they are,
 not below their mean: its intervals were not chosen for their count. Without it, a load that turns from long
 streams to short prompts at a like rate kept the streams' max_tokens in decode's regime reading for
-``SHAPE_SECONDS``, and decode held NPUs that prefill needed (run 13's H1).
+``SHAPE_SECONDS``, and decode held NPUs that prefill needed.
 
 Decode reads arrivals in two ways. After a change point (for one window) it reads the window's rate, to grow
 before its lanes fill: a pod takes minutes to start. In a steady load its lanes decoding are the measure, and the

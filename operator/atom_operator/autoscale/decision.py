@@ -48,7 +48,7 @@ from atom_operator.autoscale.arrivals import Rates, Window
 from atom_operator.autoscale.arrivals import window_seconds as arrivals_window_seconds
 from atom_operator.autoscale.observations import DecodeObservation, Observations, PrefillObservation, RoleObservation
 from atom_operator.autoscale.policy import UTILIZATION_RANGE, Policy
-from atom_operator.autoscale.room import Room, claim, learn, stuck_pods
+from atom_operator.autoscale.room import Room, claim, learn, stuck_pods, units
 from atom_operator.autoscale.share import npu_bound, share
 
 # An answered share of the Ready pods below this holds the role (HPA ignores a metric with too few pods too).
@@ -71,6 +71,7 @@ class State:
     arrivals: Window = field(default_factory=Window)
     capacity: Room | None = None  # the last room seen, kept after it lapses to tell what a probe found
     waited_for_prefill: float | None = None  # when decode's lanes last waited for a prefill worker
+    shared: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)  # role -> (time, shared count)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def _decode_need(obs: DecodeObservation, policy: Policy, rates: Rates | None, sp
         # cannot show more than there are), else read cautiously (a few long streams to a window are noise).
         # Queued for a lane: waiting at a pod whose every lane is held. One waiting beside a free lane is being
         # admitted; read as queued, a third stream waiting for its step on a pod of four lanes read the arrivals at
-        # their mean and asked for a second pod (run 23's G3).
+        # their mean and asked for a second pod.
         queued = obs.queued_for_lane > 0
         caution = 1.0 if queued else rates.steady_caution
         rate = rates.max_tokens if rates.stepping else (rates.steady_max_tokens or 0.0) * caution
@@ -251,22 +252,28 @@ def _stabilize(
 
 
 def _yield_to_prefill(
-    recommended: tuple[int, int], need: _Need | None, obs: DecodeObservation, policy: Policy, room: int | None,
-    hold: bool, heading: int | None, waited: bool,
+    recommended: tuple[int, int],
+    need: _Need | None,
+    obs: DecodeObservation,
+    policy: Policy,
+    room: int | None,
+    hold: bool,
+    heading: int | None,
+    waited: bool,
 ) -> tuple[int, str]:
     """Decode's recommendation when the NPUs bind (and which bound binds): at full occupancy, its headroom given to
     prefill, while its lanes have waited for prefill within the down window. Those waits are prefill's shortfall
     showing in decode; where both roles' needs do not fit, an NPU kept for decode's headroom leaves the bottleneck
     as it is, and the same NPU given to prefill shortens the wait. Never fewer pods than the lanes decode's
     requests hold (within the tolerance, below): lanes held while a worker computes a prompt are decode's own (no
-    worker count shortens one prompt), and a yield below them made decode the bottleneck instead (runs 9 and 10's
-    E phases, 4.2-4.6 lanes yielded to one pod of 4, flipped 2+2 / 3+1). A recommendation, not a target: lowering
+    worker count shortens one prompt), and a yield below them made decode the bottleneck instead (the
+    pair then flips between the two ways of sharing the NPUs). A recommendation, not a target: lowering
     decode waits for its down window like any scale-down, and ``waited`` spans the window, so a reading with no
     lane waiting does not undo it at once.
 
     Full occupancy has the tolerance on top (a pod's lanes and a tenth): lanes held by prompts being computed swing
     by a lane or two between readings, and at one pod's lanes exactly the count read 1, 2, 1, 2, so the down
-    window, which keeps the largest, never let the yield happen (run 14's C3b, 3.1 and 4.2 lanes in turn)."""
+    window, which keeps the largest, never let the yield happen."""
     d_rec = recommended[1]
     bound = npu_bound(recommended, policy, room)
     if not bound or hold or need is None or not waited:
@@ -275,6 +282,47 @@ def _yield_to_prefill(
     full = _recommend(replace(need, capacity=policy.lanes * (1 + policy.tolerance)), obs.replicas, b.decode_min,
                       b.decode_max, policy.tolerance, heading)  # fmt: skip
     return (full, bound) if full < d_rec else (d_rec, "")
+
+
+def hold_trades(
+    pair: tuple[int, int],
+    current: tuple[int, int],
+    claims: tuple[int, int],
+    state: State,
+    policy: Policy,
+    now: float,
+    room: int | None,
+) -> tuple[tuple[int, int], dict[str, tuple[tuple[float, int], ...]]]:
+    """A trade obeys the giver's stabilization. Where sharing the room or the budget lowers a role below its
+    current count and below its own stabilized count (``claims``), that is a scale-down of the role: it goes only to
+    the largest count the sharing gave it over its own down window (and not within one window of the start), and
+    the other role grows only into what the giver left. One interval's reading of the taker's need cannot cordon
+    the giver's pod; a need that holds for the window can. Where holding the giver would leave the bounds or the
+    band, the shared pair stands (they are limits, not behavior)."""
+    history: dict[str, tuple[tuple[float, int], ...]] = {}
+    out = list(pair)
+    started = state.started if state.started is not None else now
+    for i, role in enumerate(("prefill", "decode")):
+        history[role] = tuple((t, n) for t, n in state.shared.get(role, ()) if now - t < policy.down_window) + (
+            (now, pair[i]),
+        )
+        if pair[i] < min(current[i], claims[i]):
+            keep = min(current[i], claims[i])
+            out[i] = keep if now - started < policy.down_window else min(keep, max(n for _, n in history[role]))
+    for taker in (0, 1):  # the role that grows takes only what the held giver leaves
+        while out[taker] > current[taker] and not _fits(out, policy, room):
+            out[taker] -= 1
+    held = (out[0], out[1])
+    allowed = policy.bounds.contains(*held) and (policy.band is None or policy.band.contains(*held))
+    if held != pair and not (allowed and _fits(out, policy, room)):
+        return pair, history
+    return held, history
+
+
+def _fits(pair: list[int], policy: Policy, room: int | None) -> bool:
+    if policy.npu_budget is not None and policy.cost(*pair) > policy.npu_budget:
+        return False
+    return room is None or units(policy, *pair) <= room
 
 
 def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decision:
@@ -343,6 +391,9 @@ def decide(obs: Observations, state: State, policy: Policy, now: float) -> Decis
     if policy.prefill_scaled and obs.prefill is not None:
         shares = (claim(p_stable, p_rec, obs.prefill), claim(d_stable, d_rec, obs.decode))
         (p_new, d_new), limit = share(shares, policy, external, room)
+        if not external:
+            (p_new, d_new), shared = hold_trades((p_new, d_new), (p_cur, d_cur), shares, state, policy, now, room)
+            state = replace(state, shared=shared)
         if bound and d_need is not None:
             limit = limit or bound  # the targets themselves did not fit: say so, not "within range"
             pods = f"{d_rec} pod" + ("s" if d_rec != 1 else "")

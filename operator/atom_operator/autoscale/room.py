@@ -42,13 +42,13 @@ def learn(obs: Observations, last: Room | None, policy: Policy, now: float) -> R
     Once the reading lapses the decision asks for what the targets need again (a probe). A probe that finds no
     more room than before doubles how long the reading lasts, up to ``CAPACITY_MEMORY_LONGEST_SECONDS``; more room
     resets it. A node that is not coming costs a Pending pod every five minutes otherwise, and each one counts
-    toward its role's target (runs 13-15's C3b and D ended on one).
+    toward its role's target.
 
     A pod counts as stuck once the scheduler has found no node for it for ``UNSCHEDULABLE_SECONDS`` (the loop's),
     which leaves a cluster autoscaler time to add one. A probe's pods count at the scheduler's first no: a probe
     asks whether room was freed since, which that attempt answers; a node the autoscaler adds later shows as the
     cluster's allocatable NPUs growing, which lapses the reading at once. Waiting the minute for a probe's pod kept
-    it in its role's target for that minute (runs 17-20's C3b ended on one each time). A reading that lapsed as
+    it in its role's target for that minute. A reading that lapsed as
     long ago as it held is forgotten: pods Pending then are read as the first ones were, with the minute."""
     if last is not None and now >= last.until + last.memory:
         last = None  # lapsed for as long as it held, and not probed: pods Pending now are read afresh
@@ -83,8 +83,8 @@ def _stuck(role: RoleObservation, probing: bool) -> int:
 def claim(stable: int, recommended: int, obs: RoleObservation) -> int:
     """What a role asks of the room: its stabilized count, less the pods its down window keeps beyond its
     recommendation that the cluster has not placed. The window keeps pods that serve while a lower reading may yet
-    pass; a pod stuck Pending serves nothing, and sharing the room for it gave up the other role's Ready pod (run
-    15's C3: prefill's idle third worker removed for decode's Pending second pod, which the yield had left)."""
+    pass; a pod stuck Pending serves nothing, and sharing the room for it gave up the other role's Ready pod for a
+    pod that never ran."""
     if stable <= recommended:
         return stable
     return min(stable, max(recommended, obs.replicas - obs.unschedulable))

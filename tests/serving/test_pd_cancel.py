@@ -150,8 +150,11 @@ async def test_a_decoder_gone_mid_send_is_one_info_line_on_the_worker(tmp_path: 
                                        receive_buffer=64 << 10)
         assert await answer_kind(reader, 120) == FRAME  # the send started
         writer.transport.abort()  # the decoder dies (a reset: its unread bytes are dropped)
-        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1, "the send to fail")
-        assert m["atom:prefill_in_flight"] == 0 and m["atom:prefill_bytes_sent_total"] < 16 << 20
+        # The failure is counted before the request lets go of its watcher (an await later): wait for both, so a
+        # leaked hold still fails here, by the timeout.
+        m = await wait_metrics(worker.url, lambda m: m["atom:prefill_sends_failed_total"] == 1
+                               and m["atom:prefill_in_flight"] == 0, "the send to fail and the request to let go")
+        assert m["atom:prefill_bytes_sent_total"] < 16 << 20
         log = worker.log.read_text()
         assert log.count("event=prefill_send_failed") == 1 and "Traceback" not in log, log[-3000:]
     finally:

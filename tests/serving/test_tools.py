@@ -118,16 +118,21 @@ async def test_streamed_calls_arrive_as_tool_call_deltas(hermes: str, tool_choic
     whole = await client(hermes).chat.completions.create(**args)
     stream = await client(hermes).chat.completions.create(**args, stream=True)
     calls: dict[int, dict] = {}
+    pieces: dict[int, int] = {}  # argument fragments per call
     content, finish = "", None
     async for chunk in stream:
         for ch in chunk.choices:
             content += ch.delta.content or ""
             for d in ch.delta.tool_calls or []:
+                if d.index not in calls:  # a call's first delta names it
+                    assert d.id and d.id.startswith("call_") and d.function.name, d
                 entry = calls.setdefault(d.index, {"id": d.id, "function": {"name": "", "arguments": ""}})
                 entry["function"]["name"] += d.function.name or ""
                 entry["function"]["arguments"] += d.function.arguments or ""
+                pieces[d.index] = pieces.get(d.index, 0) + bool(d.function.arguments)
             finish = ch.finish_reason or finish
     assert finish == "tool_calls" and content == ""
+    assert all(n >= 2 for n in pieces.values()), pieces  # the arguments stream in fragments, not whole
     streamed = [calls[i] for i in sorted(calls)]
     assert_valid_calls(streamed, set(SCHEMAS))
     assert [c["function"] for c in streamed] == [c.function.model_dump() for c in whole.choices[0].message.tool_calls]
@@ -138,6 +143,51 @@ async def test_auto_leaves_the_text_free_and_answers_in_content(hermes: str) -> 
                                                        temperature=0)
     ch = out.choices[0]
     assert ch.message.tool_calls is None and ch.finish_reason in ("stop", "length") and ch.message.content
+
+
+ANSWER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                           "degrees": {"type": "integer", "minimum": -50, "maximum": 60}},
+          "required": ["city", "degrees"]}
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+async def test_a_forced_call_with_an_answer_format_is_calls_only(hermes: str, tool_choice: object) -> None:
+    """The format is the answering turn's: the turn that must call samples under the calls' grammar alone."""
+    out = await client(hermes).chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, response_format=ANSWER_FORMAT, n=3,
+        temperature=1.0, seed=3, max_tokens=280, parallel_tool_calls=False)
+    names = {"get_time"} if isinstance(tool_choice, dict) else set(SCHEMAS)
+    for ch in out.choices:
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None, ch
+        assert len(ch.message.tool_calls) == 1
+        assert_valid_calls(ch.message.tool_calls, names)
+
+
+async def test_auto_with_an_answer_format_samples_a_call_or_the_answer_and_nothing_else(
+        hermes: str, hermes_path: Path) -> None:
+    """Under auto the turn may call or answer: every sample is one or the other, and biasing the first token of
+    each branch shows both are open (before, the format's grammar alone ruled every call out)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hermes_path)
+    args = dict(model=MODEL, messages=ASK, tools=TOOLS, response_format=ANSWER_FORMAT, max_tokens=280,
+                temperature=1.0, seed=4, parallel_tool_calls=False)
+    branches = {}
+    for start in ("<tool_call>", '{"city"'):
+        first = tokenizer.encode(start, add_special_tokens=False)[0]
+        out = await client(hermes).chat.completions.create(**args, n=3, logit_bias={str(first): 100})
+        for ch in out.choices:
+            if ch.message.tool_calls:
+                assert ch.finish_reason == "tool_calls" and ch.message.content is None
+                assert_valid_calls(ch.message.tool_calls, set(SCHEMAS))
+            else:
+                assert ch.finish_reason == "stop", ch
+                jsonschema.validate(json.loads(ch.message.content), ANSWER)
+        branches[start] = {"call" if ch.message.tool_calls else "answer" for ch in out.choices}
+    assert branches == {"<tool_call>": {"call"}, '{"city"': {"answer"}}
+    unbiased = await client(hermes).chat.completions.create(**args, n=6)
+    for ch in unbiased.choices:
+        if not ch.message.tool_calls:
+            jsonschema.validate(json.loads(ch.message.content), ANSWER)
 
 
 TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>\n'

@@ -97,7 +97,7 @@ TOOLSETS = (
             {"lwepp": "sigs.k8s.io/gateway-api-inference-extension/cmd/lwepp"}, on_demand=True),
     # Files, not binaries: prometheus-operator's monitoring.coreos.com CRDs, which the chart's scrape objects and
     # rules are checked against (tests/observability).
-    ToolSet("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", {}, on_demand=True),
+    ToolSet("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", {}),
 )
 
 
@@ -127,6 +127,9 @@ def build(ts: ToolSet, *, log=sys.stderr) -> None:
     Checkouts on one machine share the cache, so a build holds the tool's lock: a second ``make tools`` waits and
     then finds the binaries built, instead of sharing (and deleting) the first one's ``bin.partial``.
     """
+    if not ts.packages:  # a module of files: `make tools` fetches it into Go's module cache
+        module_dir(ts.name)
+        return
     out = ts.bin_dir()
     if all((out / b).exists() for b in ts.packages):
         return

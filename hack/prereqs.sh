@@ -10,9 +10,10 @@
 #                                  the compile fails late: "bits/wordsize.h: No such file or directory"
 #   libtcmalloc-minimal4           the engine's malloc (engine/atom_engine/malloc.py) and vLLM's tuned one in
 #                                  make bench-engine
+#   prometheus                     its promtool: the chart's alert rules' unit tests (tests/observability)
 set -euo pipefail
 packages=(docker.io debootstrap containernetworking-plugins nftables iptables gcc libc6-dev curl gcc-aarch64-linux-gnu
-  libc6-dev-arm64-cross libtcmalloc-minimal4)
+  libc6-dev-arm64-cross libtcmalloc-minimal4 prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

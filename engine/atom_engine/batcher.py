@@ -37,6 +37,7 @@ from atom_engine.kv_blocks import Allocation, KVBlocks, NoKVBlockAvailable
 from atom_engine.kv_connector import KVConnector
 from atom_engine.output_processor import OutputProcessor, Pending
 from atom_engine.plan_executor import Runner, execute
+from atom_engine.request_tallies import RequestTallies
 from atom_engine.sequence import FinishReason, SamplingParams, Sequence, Status, StepOutput
 from atom_engine.speculation import Drafter
 from atom_engine.stats import BatcherCounters, BatcherStats
@@ -88,6 +89,8 @@ class Batcher:
         self.last_plan: StepPlan = StepPlan()
         self._no_drafts: tuple[tuple[int, ...], ...] = ((),) * lanes  # every lane's draft, without speculation
         self.counters = BatcherCounters()
+        self.requests = RequestTallies(max_seq_len)
+        self._iterated = 0  # prompt tokens prefilled and tokens generated, up to the last step applied
 
     # -- requests --------------------------------------------------------------------------------
     def add(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
@@ -100,7 +103,7 @@ class Batcher:
                 f" max_tokens is {params.max_tokens}; shorten the prompt or lower max_tokens"
             )
         seq = Sequence(request_id if request_id is not None else f"req-{next(self._ids)}", list(prompt), params,
-                       eos_token_id=self.eos_token_id)
+                       eos_token_id=self.eos_token_id, arrived_at=self.clock())
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the waiting queue is full (maxWaiting={self.max_waiting}); retry later")
@@ -198,6 +201,11 @@ class Batcher:
             with self._lock:
                 head = self.waiting[0] if self.waiting else None
             self.connector.after_step(self.lanes, head)
+        # The step's tokens, as the counters moved since the last step applied (a decode step's tokens taken
+        # before its apply count with it).
+        iterated = self.counters.prefill_tokens_computed + self.counters.generation_tokens
+        self.requests.iteration(iterated - self._iterated)
+        self._iterated = iterated
         return out
 
     # -- planning ----------------------------------------------------------------------------------
@@ -236,11 +244,13 @@ class Batcher:
                 continue
             seq.lane = lane
             self.lanes[lane] = seq
+            seq.admitted_at = self.clock()
             self.counters.prompt_tokens += len(seq.prompt)
             seq.block = alloc.block
             if alloc.source is not None:  # the copy runs with the plan; the source stays pinned until then
                 seq.computed = seq.cached_tokens = alloc.cached_len
                 self.counters.cached_prompt_tokens += alloc.cached_len
+                self.counters.prompt_tokens_cached += alloc.cached_len
             seq.status = Status.PREFILL
             admissions.append(Admission(seq, alloc.block, alloc.source, alloc.cached_len if alloc.source else 0))
         return admissions
@@ -249,6 +259,7 @@ class Batcher:
         """A request whose admission failed: it held the lane for this step (as an admitted one), then fails."""
         seq.lane = lane
         self.lanes[lane] = seq
+        seq.admitted_at = self.clock()
         self.counters.prompt_tokens += len(seq.prompt)
         self._fail(seq, exc, self._ended)
 
@@ -327,6 +338,7 @@ class Batcher:
         if isinstance(token, Exception):
             self._fail(seq, token, out)
             return
+        self.counters.prompt_tokens_cached += len(seq.prompt) - seq.computed  # imported: computed elsewhere
         seq.computed = len(seq.prompt)
         self._decodes(seq)
         self._append(seq, token, out)
@@ -420,6 +432,8 @@ class Batcher:
 
     def _emit(self, seq: Sequence, tokens: tuple[int, ...], at: int, final: bool) -> StepOutput:
         seq.output_done = final
+        if final:  # once per request, its finish reason settled (a stop string may have changed it)
+            self.requests.ended(seq, self.clock())
         return self.outputs.emit(seq, tokens, at, final)
 
     # -- outcomes --------------------------------------------------------------------------------

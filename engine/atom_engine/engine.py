@@ -173,6 +173,7 @@ class LLMEngine:
         out: list[object] = [
             KVStats(**self.kv.stats()),  # a key the KV blocks rename is a TypeError here, at the first scrape
             self.batcher.stats(),
+            self.batcher.requests.stats(),
             EngineStats(forward_seconds=self.runner.forward_seconds, cpu_threads=torch.get_num_threads()),
         ]
         if self.connector is not None:

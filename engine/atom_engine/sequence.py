@@ -139,6 +139,8 @@ class Sequence:
     drafter: Drafter | None = None  # the batcher's drafts for this request (greedy, with speculation)
     constraint: Any = None  # the grammar's state for this request (structured outputs), owned by the sampler
     decode_began: float | None = None  # the batcher's clock at its first token (its prompt's KV complete)
+    arrived_at: float = 0.0  # the batcher's clock when it was queued
+    admitted_at: float | None = None  # the batcher's clock when it took a lane
 
     @property
     def tokens(self) -> list[int]:

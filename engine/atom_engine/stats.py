@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 
+from atom_engine.tally import Snapshot
+
 
 class ByName(Mapping[str, float]):
     """Read-only access by field name (``counters["draft_tokens"]``, ``dict(counters)``) for in-process callers
@@ -75,6 +77,9 @@ class BatcherCounters(ByName):
     # long), and their max_tokens: seconds of lane per max_token asked, which turns arrivals into lanes needed.
     decode_seconds: float = 0.0
     decoded_max_tokens: int = 0
+    # Prompt tokens this engine did not compute: copied from its prefix cache or imported from a prefill worker
+    # (vLLM's prompt_tokens_cached: local and external).
+    prompt_tokens_cached: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +91,23 @@ class BatcherStats(BatcherCounters):
     prefix_query_tokens: int = 0  # prompt tokens looked up in the prefix cache (0 without one)
     idle: float = 0.0  # 1.0: no request, no cancel, no transfer held
     waiting_for_kv: int = 0  # lanes held while their prompt's KV is computed remotely
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    """The request histograms' snapshots and the finished requests by vLLM's reason
+    (:class:`atom_engine.request_tallies.RequestTallies`)."""
+
+    request_queue_time: Snapshot
+    request_prefill_time: Snapshot
+    request_decode_time: Snapshot
+    request_inference_time: Snapshot
+    request_time_per_output_token: Snapshot
+    request_prompt_tokens: Snapshot
+    request_generation_tokens: Snapshot
+    iteration_tokens: Snapshot
+    request_success: dict[str, int]
+    num_preemptions: int = 0  # a lane keeps its block from admission to end: nothing is ever preempted
 
 
 @dataclass(slots=True)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +95,9 @@ TOOLSETS = (
             {"epp": "sigs.k8s.io/gateway-api-inference-extension/cmd/epp"}, on_demand=True),
     ToolSet("lwepp", "sigs.k8s.io/gateway-api-inference-extension",
             {"lwepp": "sigs.k8s.io/gateway-api-inference-extension/cmd/lwepp"}, on_demand=True),
+    # Files, not binaries: prometheus-operator's monitoring.coreos.com CRDs, which the chart's scrape objects and
+    # rules are checked against (tests/observability).
+    ToolSet("prometheus-operator", "github.com/prometheus-operator/prometheus-operator", {}),
 )
 
 
@@ -122,6 +127,9 @@ def build(ts: ToolSet, *, log=sys.stderr) -> None:
     Checkouts on one machine share the cache, so a build holds the tool's lock: a second ``make tools`` waits and
     then finds the binaries built, instead of sharing (and deleting) the first one's ``bin.partial``.
     """
+    if not ts.packages:  # a module of files: `make tools` fetches it into Go's module cache
+        module_dir(ts.name)
+        return
     out = ts.bin_dir()
     if all((out / b).exists() for b in ts.packages):
         return
@@ -129,6 +137,21 @@ def build(ts: ToolSet, *, log=sys.stderr) -> None:
     with open(out.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _build_missing(ts, out, log)
+
+
+def module_dir(name: str) -> Path:
+    """The files of the module hack/tools/<name>/go.mod pins, at that version: Go's module cache holds them
+    (outside the repo, read-only), downloaded once per machine."""
+    ts = next(t for t in TOOLSETS if t.name == name)
+    if shutil.which("go") is None:
+        raise RuntimeError("fetching a pinned module needs Go (https://go.dev/dl); none is on PATH")
+    # Outside any module: the download needs no go.sum, and writes none into hack/tools.
+    out = subprocess.run(["go", "mod", "download", "-json", f"{ts.module}@{ts.version}"], cwd=tempfile.gettempdir(),
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "GO111MODULE": "on"})
+    info = json.loads(out.stdout or "{}")
+    if out.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(f"go mod download {ts.module}@{ts.version} failed: {info.get('Error') or out.stderr}")
+    return Path(info["Dir"])
 
 
 def _build_missing(ts: ToolSet, out: Path, log) -> None:

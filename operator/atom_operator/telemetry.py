@@ -15,6 +15,10 @@ RECONCILES = Counter(
     ["result"],
     registry=REGISTRY,
 )
+# Each result's series exists from the start at 0, so an alert on rate(...{result="error"}) sees the first error
+# (a series born at 1 has no increase to show).
+for _result in ("unchanged", "changed", "retry", "error"):
+    RECONCILES.labels(_result)
 ERRORS = Counter("atom_operator_errors_total", "Reconciles that failed, by kind of error.", ["kind"], registry=REGISTRY)
 DURATION = Histogram(
     "atom_operator_reconcile_duration_seconds",

@@ -125,8 +125,10 @@ def test_chart_crd_is_the_generated_crd() -> None:
         ("webhook.enabled=false",),
         ("serviceAccount.create=false", "serviceAccount.name=x"),
         ("networkPolicy.enabled=true",),
+        ("monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true",
+         "monitoring.prometheusRule.enabled=true", "monitoring.labels.release=prom"),
     ],
-    ids=["defaults", "cert-manager", "no-webhook", "existing-service-account", "network-policy"],
+    ids=["defaults", "cert-manager", "no-webhook", "existing-service-account", "network-policy", "monitoring"],
 )
 def test_helm_lint_strict_passes(sets: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)])

@@ -47,7 +47,8 @@ BASE = dict(model_name=MODEL, model_source="builtin:tiny", max_seq_len=512, pref
 
 
 async def scrape(base_url: str) -> dict[str, float]:
-    """/metrics as {name: value} (label-free names; every series here has the one model_name label)."""
+    """/metrics as {name: value} (label-free names: one series per name, except vllm:request_success by reason,
+    which this does not tell apart)."""
     async with aiohttp.ClientSession() as s, s.get(f"{base_url}/metrics", timeout=aiohttp.ClientTimeout(10)) as r:
         text = await r.text()
     out: dict[str, float] = {}

@@ -23,7 +23,7 @@ from atom_engine.sequence import SamplingParams
 from atom_engine.server import metrics
 from atom_engine.server.app import OpenAIServer, PrefillServer
 from atom_engine.server.load import PrefillQueue
-from atom_engine.server.metrics import TABLE, Row, ServerMetrics
+from atom_engine.server.metrics import TABLE, Row, ServerMetrics, series_labels
 from atom_engine.server.prefill_service import PrefillService
 from atom_engine.settings import EngineSettings
 from atom_engine.stats import BatcherCounters, BatcherStats, InFlightStats
@@ -39,7 +39,7 @@ ENGINE = {  # what a standalone engine's server exported before the table read s
     "atom:requests_cancelled", "atom:requests_failed", "atom:requests_rejected", "atom:prefill_tokens_computed",
     "atom:prefetch_ready", "atom:requests_in_flight", "atom:arrived_requests", "atom:arrived_prompt_tokens",
     "atom:pd_waiting_for_kv", "atom:request_decode_seconds", "atom:decoded_max_tokens",
-    "atom:arrived_max_tokens",
+    "atom:arrived_max_tokens", "vllm:prompt_tokens_cached", "vllm:num_preemptions",
 }
 REMOTE = {"atom:pd_remote_prefills", "atom:pd_remote_prefill_tokens", "atom:pd_kv_bytes_imported",
           "atom:prefetch_started", "atom:prefetch_hits", "atom:prefetch_cancelled", "atom:prefetch_failed",
@@ -59,10 +59,10 @@ def scraped(m: ServerMetrics) -> dict[str, tuple[str, float]]:
     out = {}
     for family in text_string_to_metric_families(m.render().decode()):
         if family.type not in ("gauge", "counter") or family.name.endswith("_created") or \
-                family.name == "vllm:cache_config_info":  # histograms' creation times, the info gauge
-            continue
+                family.name in ("vllm:cache_config_info", "vllm:request_success"):
+            continue  # histograms' creation times, the info gauge, the counter by finish reason
         (sample,) = family.samples
-        assert sample.labels == {"model_name": m.model_name}
+        assert sample.labels == series_labels(family.name, m.model_name)
         out[family.name] = (family.type, sample.value)
     return out
 
@@ -87,7 +87,7 @@ def check(server: OpenAIServer | PrefillServer, expected: set[str]) -> dict[str,
 
 
 def test_every_row_reads_a_field_of_a_stats_dataclass() -> None:
-    assert TABLE == {**metrics.VLLM, **metrics.ATOM} and len(TABLE) == 55
+    assert TABLE == {**metrics.VLLM, **metrics.ATOM} and len(TABLE) == 57
     for name, row in TABLE.items():
         assert row.kind in ("gauge", "counter") and row.sources, name
         for source in row.sources:

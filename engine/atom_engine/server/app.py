@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from atom_engine import buckets
 from atom_engine.server.compute import ComputeThread
 from atom_engine.server.error_responses import error_response
 from atom_engine.server.load import InFlight, PrefillQueue, TimedFetches
-from atom_engine.server.metrics import ServerMetrics, cache_config_labels
+from atom_engine.server.metrics import ServerMetrics, atom_buckets, cache_config_labels
 from atom_engine.server.openai_routes import OpenAIRoutes
 from atom_engine.server.prefill_service import PrefillService
 from atom_engine.settings import EngineSettings, Role
@@ -177,7 +178,7 @@ class OpenAIServer(EngineServer):
             await self.client.start()
             fetch_seconds = self.metrics.histogram("atom:pd_fetch_seconds", "A prompt's remote prefill as decode"
                                                    " waits for it: the worker's queue, compute and transfer.",
-                                                   0.001, 300.0)
+                                                   atom_buckets(0.001, 300.0))
             pool = PrefillPool(TimedFetches(self.client, fetch_seconds.observe), loop)
         engine = await loop.run_in_executor(self.compute, lambda: LLMEngine(s, prefill_pool=pool))
         await loop.run_in_executor(self.compute, engine.warm)
@@ -235,7 +236,7 @@ class PrefillServer(EngineServer):
         self.worker = worker
         # The service's jobs are _compute(job, gone): a prompt of len(job.tokens) - job.start to compute.
         queue_seconds = self.metrics.histogram("vllm:request_queue_time_seconds", "Time a prompt waited for the"
-                                               " prefill worker.", 0.001, 300.0)
+                                               " prefill worker.", buckets.REQUEST_LATENCY)
         self.queue = PrefillQueue(self.compute, lambda args: len(args[0].tokens) - args[0].start,
                                   queue_seconds.observe)
         self.service = PrefillService(worker, self.queue, send_timeout=self.settings.pd_send_timeout_seconds)

@@ -23,8 +23,9 @@ from types import MemberDescriptorType
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from atom_engine import buckets
 from atom_engine.cpu_allowance import Allowance
 from atom_engine.stats import (
     BatcherStats,
@@ -34,11 +35,13 @@ from atom_engine.stats import (
     KVStats,
     QueueStats,
     RemoteStats,
+    RequestStats,
     SelectiveStats,
     ServiceStats,
     ServingStats,
     WorkerStats,
 )
+from atom_engine.tally import Snapshot
 
 Figures = Callable[[], Sequence[object]]  # a role's components' stats objects (atom_engine.stats), read per scrape
 
@@ -47,6 +50,10 @@ Figures = Callable[[], Sequence[object]]  # a role's components' stats objects (
 # granularity; reporting maxSeqLen would make every prompt shorter than one hash block, i.e. never matched.
 ROUTER_BLOCK_TOKENS = 16
 
+# vLLM labels each of its series with its engine core's index (``engine``, one per data-parallel rank); a process
+# here runs one engine, so its series say engine "0", and a query written for vLLM (``sum by (engine)``) works.
+ENGINE_INDEX = "0"
+
 
 @dataclass(frozen=True)
 class Row:
@@ -54,13 +61,13 @@ class Row:
     running``). Where roles differ, several: the first whose component the role has is shown; a role with none of
     them does not export the metric."""
 
-    kind: Literal["gauge", "counter"]
+    kind: Literal["gauge", "counter", "histogram"]
     doc: str
     sources: tuple[MemberDescriptorType, ...]
 
     def __post_init__(self) -> None:
-        if self.kind not in ("gauge", "counter"):
-            raise ValueError(f"a metric is a gauge or a counter; got {self.kind!r}")
+        if self.kind not in ("gauge", "counter", "histogram"):
+            raise ValueError(f"a metric is a gauge, a counter or a histogram; got {self.kind!r}")
         for source in self.sources:
             if not isinstance(source, MemberDescriptorType) or not is_dataclass(source.__objclass__) or \
                     source.__name__ not in {f.name for f in fields(source.__objclass__)}:
@@ -68,12 +75,17 @@ class Row:
 
     def value(self, figures: Sequence[object]) -> float | None:
         """The first source's field, from the role's component of that class; None when the role has none."""
+        found = self.read(figures)
+        return None if found is None else float(found)  # type: ignore[arg-type]
+
+    def read(self, figures: Sequence[object]) -> object | None:
+        """The first source's field as the component holds it (a number, a histogram's snapshot, a mapping)."""
         for source in self.sources:
             found = [f for f in figures if isinstance(f, source.__objclass__)]
             if len(found) > 1:
                 raise ValueError(f"two components report {source.__objclass__.__name__}: {found}")
             if found:
-                return float(source.__get__(found[0]))
+                return source.__get__(found[0])
         return None
 
 
@@ -83,6 +95,10 @@ def gauge(doc: str, *sources: MemberDescriptorType) -> Row:
 
 def counter(doc: str, *sources: MemberDescriptorType) -> Row:
     return Row("counter", doc, sources)
+
+
+def histogram(doc: str, *sources: MemberDescriptorType) -> Row:
+    return Row("histogram", doc, sources)
 
 
 B, K, R, W, Q = BatcherStats, KVStats, RemoteStats, WorkerStats, QueueStats
@@ -99,7 +115,33 @@ VLLM = {
     "vllm:spec_decode_num_draft_tokens": counter("Draft tokens fed to decode steps.", B.draft_tokens),
     "vllm:spec_decode_num_accepted_tokens": counter("Draft tokens the model agreed with (kept as output).",
                                                     B.draft_tokens_accepted),
+    "vllm:prompt_tokens_cached": counter("Prompt tokens not computed here: copied from the prefix cache or imported"
+                                         " from a prefill worker (local + external).", B.prompt_tokens_cached),
+    "vllm:num_preemptions": counter("Requests preempted: always 0 (a lane keeps its KV block from admission to"
+                                    " its end).", RequestStats.num_preemptions),
 }
+# Observed by the batcher once per request (atom_engine.request_tallies), read at scrape like the counters.
+S = RequestStats
+VLLM_HISTOGRAMS = {
+    "vllm:request_queue_time_seconds": histogram("Time from arrival to a lane (vLLM's WAITING phase).",
+                                                 S.request_queue_time),
+    "vllm:request_prefill_time_seconds": histogram("Time from a lane to the first token (PREFILL phase).",
+                                                   S.request_prefill_time),
+    "vllm:request_decode_time_seconds": histogram("Time from the first token to the last (DECODE phase).",
+                                                  S.request_decode_time),
+    "vllm:request_inference_time_seconds": histogram("Time from a lane to the last token (RUNNING phase).",
+                                                     S.request_inference_time),
+    "vllm:request_time_per_output_token_seconds": histogram("A request's decode time over its tokens after the"
+                                                            " first.", S.request_time_per_output_token),
+    "vllm:request_prompt_tokens": histogram("Prompt tokens of finished requests.", S.request_prompt_tokens),
+    "vllm:request_generation_tokens": histogram("Generated tokens of finished requests.",
+                                                S.request_generation_tokens),
+    "vllm:iteration_tokens_total": histogram("Tokens per engine step: prompt tokens prefilled here and tokens"
+                                             " generated.", S.iteration_tokens),
+}
+REQUEST_SUCCESS = Row("counter", "Finished requests by vLLM's finished_reason (cancelled: abort).",
+                      (S.request_success,))
+del S
 ATOM = {
     "atom:kv_blocks_total": gauge("KV blocks compiled in (kvBlocks).", K.kv_blocks, W.kv_blocks),
     "atom:kv_blocks_free": gauge("Free KV blocks.", K.free_blocks, W.free_blocks),
@@ -166,6 +208,12 @@ del B, K, R, W, Q
 TABLE = {**VLLM, **ATOM}
 
 
+def series_labels(name: str, model_name: str) -> dict[str, str]:
+    """A series' labels: vLLM's (model and engine) on a ``vllm:`` name, the model alone on the engine's own."""
+    return {"model_name": model_name, "engine": ENGINE_INDEX} if name.startswith("vllm:") else \
+        {"model_name": model_name}
+
+
 class _StatsCollector:
     def __init__(self, figures: Figures, model_name: str) -> None:
         self.figures, self.model_name = figures, model_name
@@ -178,10 +226,33 @@ class _StatsCollector:
             value = row.value(figures)
             if value is None:
                 continue
+            labels = series_labels(name, self.model_name)
             family = (GaugeMetricFamily if row.kind == "gauge" else CounterMetricFamily)(name, row.doc,
-                                                                                          labels=["model_name"])
-            family.add_metric([self.model_name], value)
+                                                                                          labels=list(labels))
+            family.add_metric(list(labels.values()), value)
             yield family
+        for name, row in VLLM_HISTOGRAMS.items():
+            snap = row.read(figures)
+            if snap is None:
+                continue
+            assert isinstance(snap, Snapshot)
+            labels = series_labels(name, self.model_name)
+            family = HistogramMetricFamily(name, row.doc, labels=list(labels))
+            family.add_metric(list(labels.values()), [(_le(b), n) for b, n in snap.buckets], snap.sum)
+            yield family
+        reasons = REQUEST_SUCCESS.read(figures)
+        if reasons is not None:
+            labels = series_labels("vllm:request_success", self.model_name)
+            family = CounterMetricFamily("vllm:request_success", REQUEST_SUCCESS.doc,
+                                         labels=[*labels, "finished_reason"])
+            for reason, n in reasons.items():  # type: ignore[attr-defined]
+                family.add_metric([*labels.values(), reason], n)
+            yield family
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` as prometheus_client writes it (``0.3``, ``1.0``, ``+Inf``), so both kinds read alike."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 class _InfoCollector:
@@ -208,6 +279,7 @@ def cache_config_labels(kv_blocks: int, max_seq_len: int, prefix_cache: bool) ->
         "block_size": str(ROUTER_BLOCK_TOKENS),
         "num_gpu_blocks": str(capacity_tokens // ROUTER_BLOCK_TOKENS),
         "enable_prefix_caching": str(prefix_cache),
+        "engine": ENGINE_INDEX,
     }
 
 
@@ -226,28 +298,28 @@ class ServerMetrics:
                                                   " and the bound that decided them (source).",
                                                   cpu_threads_labels(cpu)))
         self.model_name = model_name
-        labels = ["model_name"]
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to the first token.", labels,
-                              registry=self.registry, buckets=_buckets(0.001, 60.0))
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.", labels,
-                             registry=self.registry, buckets=_buckets(0.0005, 5.0))
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.", labels,
-                             registry=self.registry, buckets=_buckets(0.005, 300.0))
         # The model's series exist from the start (zero counts), as vLLM's do: a scraper or router that reads
         # them before the first request finds them instead of an absent metric.
-        for histogram in (self.ttft, self.itl, self.e2e):
-            histogram.labels(model_name=model_name)
+        self.ttft = self.histogram("vllm:time_to_first_token_seconds", "Time to the first token.",
+                                   buckets.TIME_TO_FIRST_TOKEN)
+        self.itl = self.histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a request.",
+                                  buckets.INTER_TOKEN_LATENCY)
+        self.e2e = self.histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.",
+                                  buckets.REQUEST_LATENCY)
 
-    def histogram(self, name: str, doc: str, low: float, high: float) -> Histogram:
-        """A latency histogram of this server's model, for a role's own figure (its series exist from the start)."""
-        h = Histogram(name, doc, ["model_name"], registry=self.registry, buckets=_buckets(low, high))
-        return h.labels(model_name=self.model_name)
+    def histogram(self, name: str, doc: str, bounds: Sequence[float]) -> Histogram:
+        """A latency histogram of this server's model, for a role's own figure (its series exist from the start):
+        a ``vllm:`` one with vLLM's bounds (atom_engine.buckets) and labels."""
+        labels = series_labels(name, self.model_name)
+        h = Histogram(name, doc, list(labels), registry=self.registry, buckets=list(bounds))
+        return h.labels(**labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-def _buckets(low: float, high: float) -> list[float]:
+def atom_buckets(low: float, high: float) -> list[float]:
+    """The engine's own latency bounds (``atom:`` histograms): ×2.5 from ``low``, ``high`` last."""
     out, b = [], low
     while b < high:
         out.append(round(b, 6))

@@ -280,10 +280,10 @@ class OpenAIRoutes:
                 now = time.perf_counter()
                 if out.new_tokens:
                     hist = self.metrics.ttft if last is None else self.metrics.itl
-                    hist.labels(self.model_name).observe(now - (arrived if last is None else last))
+                    hist.observe(now - (arrived if last is None else last))
                     last = now
                 if out.finished:
-                    self.metrics.e2e.labels(self.model_name).observe(now - arrived)
+                    self.metrics.e2e.observe(now - arrived)
                 yield out
 
     def _failure(self, call: _Call, out: StepOutput) -> ApiError:

@@ -31,8 +31,8 @@ class Sample:
 
 
 def parse(text: str) -> dict[str, float]:
-    """The Prometheus text format as {name: value}, series of one name summed (an engine labels its series by
-    model only); histogram buckets and ``_created`` series are left out."""
+    """The Prometheus text format as {name: value}, series of one name summed (an engine labels its series by its
+    model, and its vLLM names by engine index "0"); histogram buckets and ``_created`` series are left out."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

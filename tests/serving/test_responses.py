@@ -55,6 +55,24 @@ async def test_text_round_trip_equals_the_chat_route(tiny: str) -> None:
     assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
 
 
+async def test_the_chat_routes_sampling_extensions_sample_as_the_same_chat_request(tiny: str) -> None:
+    """seed, logit_bias and the penalties are not OpenAI Responses fields; agent frameworks send them as extra
+    body fields (openai-agents' extra_body) and they must act as on the chat route, not be ignored."""
+    c = client(tiny)
+    extra = {"seed": 11, "logit_bias": {"7": 5.0}, "repetition_penalty": 1.2}
+    resp = await c.responses.create(model=MODEL, input="Hello there", max_output_tokens=8, temperature=1.0,
+                                    store=False, extra_body=extra)
+    chat = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
+                                           max_tokens=8, temperature=1.0, extra_body=extra)
+    unseeded = {k: v for k, v in extra.items() if k != "seed"}
+    others = {(await c.responses.create(model=MODEL, input="Hello there", max_output_tokens=8, temperature=1.0,
+                                        store=False, extra_body={**unseeded, "seed": seed})).output_text
+              for seed in (12, 13, 14)}
+    assert resp.output_text == chat.choices[0].message.content and others != {resp.output_text}
+    status, out = await post(tiny, "/v1/responses", {"model": MODEL, "input": "Hi", "logit_bias": {"7": 500}})
+    assert status == 400 and "logit_bias" in out["error"]["message"], out
+
+
 async def test_streamed_events_are_typed_numbered_and_add_up_to_the_whole(tiny: str) -> None:
     c = client(tiny)
     args = dict(model=MODEL, input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],

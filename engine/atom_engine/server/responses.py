@@ -66,7 +66,8 @@ class ResponsesRequest(BaseModel):
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name}: not supported by this engine: {why}", param=name,
                                code="unsupported_parameter")
-        check_extra({k: v for k, v in extra.items() if k not in RESPONSES_IGNORED and k not in UNKEPT})
+        check_extra({k: v for k, v in extra.items()
+                     if k not in RESPONSES_IGNORED and k not in UNKEPT and k not in SAMPLING_EXTENSIONS})
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             raise _bad("reasoning", "reasoning: this model does not reason; leave it out")
         for name, neutral in (("include", []), ("background", False), ("max_tool_calls", None),
@@ -98,9 +99,15 @@ class ResponsesRequest(BaseModel):
                              ("top_p", "top_p")):
             if (value := getattr(self, ours)) is not None:
                 body[theirs] = value
+        body.update({k: v for k, v in (self.model_extra or {}).items() if k in SAMPLING_EXTENSIONS})
         return body
 
 
+# The chat route's sampling fields that OpenAI's Responses API lacks, taken here as vLLM's Responses endpoint takes
+# its sampling extensions: passed on to the chat request, which checks them (a seeded or biased agent turn samples
+# as the same chat request would). Every other unknown field is ignored, as on the chat route.
+SAMPLING_EXTENSIONS = frozenset({"seed", "top_k", "logit_bias", "repetition_penalty", "presence_penalty",
+                                 "frequency_penalty"})
 # Responses fields that never change the output (beyond the chat ones in atom_engine.server.fields).
 RESPONSES_IGNORED = frozenset({"stream_options", "prompt_cache_retention"})
 # Responses fields that bring in input kept on OpenAI's side, which this engine does not have: ignoring one would

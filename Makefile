@@ -17,14 +17,14 @@ demo: venv tools model ## the main job on the embedded default (see README)
 	$(PY) hack/demo.py
 
 .PHONY: test
-test: prereqs venv venv-rngd tools device-plugin-stubs model judges ## install what the tests need (.venv, .venv-rngd, the pinned tools, Debian packages, the models, the judges), run the whole suite, then the kind e2e
+test: prereqs venv venv-rngd tools device-plugin-stubs model judges agents ## install what the tests need (.venv, .venv-rngd, the pinned tools, Debian packages, the models, the judges, the agent frameworks), run the whole suite, then the kind e2e
 	$(PY_RNGD) -m pytest --confcutdir=tests/rngd tests/rngd $(PYTEST_ARGS)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest -m kind tests/realnode/test_e2e.py $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: venv model ## the unit tests (engine, API models, operator logic, webhook server, house rules): no cluster tools, no Docker
-	$(PY) -m pytest -m "not cluster and not docker and not realnode and not judges and not kind and not slow and not rngd" tests/engine tests/api tests/operator tests/house $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not cluster and not docker and not realnode and not judges and not agents and not kind and not slow and not rngd" tests/engine tests/api tests/operator tests/house $(PYTEST_ARGS)
 
 .PHONY: test-rngd
 test-rngd: prereqs venv venv-rngd ## only the rngd tests (make test runs them too): the prefill graph compiled for real (cached under ~/.cache/atom/rngd-artifacts), its backend, PD rngd->cpu/atom
@@ -54,6 +54,14 @@ model: venv ## convert the built-in trained models (builtin:smollm2-135m) once i
 .PHONY: judges
 judges: venv ## the outside judges' venv (lm-eval, guidellm; cached, keyed by requirements/judges.lock)
 	@bash hack/judges-venv.sh >/dev/null
+
+.PHONY: agents
+agents: venv ## the agent frameworks' venvs (openai-agents, pydantic-ai, langchain-openai; instructor; cached, keyed by their locks)
+	@bash hack/agents-venv.sh >/dev/null
+
+.PHONY: test-agents
+test-agents: agents model ## the agent frameworks' tier alone (tests/agents)
+	$(PY) -m pytest -m agents tests/agents $(PYTEST_ARGS)
 
 .PHONY: tools
 tools: ## build the pinned Kubernetes tools into $${ATOM_TOOLS_DIR:-~/.cache/atom/tools} (reused when present)

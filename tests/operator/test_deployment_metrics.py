@@ -1,13 +1,16 @@
 """Each AtomDeployment's status as metrics (atom_operator.deployment_metrics): the mapping from a status the
 reconciler computes to its series, and the series on the operator's real /metrics endpoint as the controller
-stores statuses, gone with the deployment. Without an API server."""
+stores statuses, gone with the deployment, without an API server; and once on the local control plane, from the
+session's operator process."""
 
 from __future__ import annotations
 
 import re
 
 import aiohttp
+import pytest
 from atom_localcluster.cluster import free_port
+from atom_localcluster.wait import wait_for
 from atom_operator import telemetry
 from atom_operator.api import KIND
 from atom_operator.children import Defaults
@@ -17,6 +20,7 @@ from atom_operator.deployment_metrics import Published, series
 from atom_operator.status import Condition, Observation, RoleState, compute
 
 from tests.operator.test_logic import as_stored, deployment, owner
+from tests.operator.test_reconciler import create, ready
 
 
 def computed(ready: int, *scaling: Condition) -> dict:
@@ -127,3 +131,20 @@ def test_an_autoscaled_roles_drain_timeouts_start_at_0_and_its_series_go_with_it
     scaling.forget(key)
     assert sample("atom_autoscaler_drain_timeouts_total", labels) is None
     assert sample("atom_autoscaler_desired_replicas", labels) is None
+
+
+@pytest.mark.cluster
+def test_the_operator_process_serves_a_deployments_status_until_it_is_deleted(cluster, op, namespace) -> None:
+    key = (namespace, "llm")
+    create(cluster, namespace)
+    wait_for(lambda: ready(cluster, namespace), "Ready")
+    labels = f'atomdeployment="llm",namespace="{namespace}"'
+    want = {f'atom_deployment_condition{{{labels},status="True",type="Ready"}}': 1.0,
+            f'atom_deployment_replicas{{{labels},role="decode",state="desired"}}': 1.0,
+            f'atom_deployment_replicas{{{labels},role="decode",state="ready"}}': 1.0}  # fmt: skip
+    # The status write's echo may reach the store a moment after kubectl shows it.
+    wait_for(lambda: want.items() <= scraped(op.metrics(), key).items(), "the Ready status on /metrics")
+    # The harness runs one replica without a Lease: it leads.
+    assert re.search(r"^atom_operator_leader 1\.0$", op.metrics(), re.M)
+    cluster.kubectl("delete", "atomdeployment", "llm", "-n", namespace)
+    wait_for(lambda: scraped(op.metrics(), key) == {}, "no series left of the deleted AtomDeployment")

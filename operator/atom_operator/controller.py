@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from atom_operator import events, routing, telemetry
+from atom_operator import deployment_metrics, events, routing, telemetry
 from atom_operator.api import KIND
 from atom_operator.children import Defaults
 from atom_operator.informer import Listing
@@ -48,6 +48,7 @@ class Controller:
         self.stores = Stores(VIEWS)
         self.context = Context(kube, defaults, self.stores, routing.Discovery(kube), events.Recorder(kube))
         self.queue = WorkQueue()
+        self.published = deployment_metrics.Published()  # each AtomDeployment's status as metrics
         self._failures: dict[Key, int] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}  # one requeue_after timer per key
         self.replicas: Callable[[Key], Mapping[str, int] | None] = lambda _key: None  # spec.autoscaling's counts
@@ -98,6 +99,8 @@ class Controller:
             return  # our own status patch already stored something newer
         store.put(body, key)
         telemetry.OBJECTS.set(len(store))
+        # Whoever wrote it (this reconcile, the autoscaler, another replica): the metrics follow the stored status.
+        self.published.publish(key, body.get("status"))
         # A listing (start-up, a reconnect, a resync) reconciles everything; a watch event only a new spec (or a new
         # object of the same name): a status write is ours, or status only.
         old_meta = (old or {}).get("metadata", {})
@@ -127,6 +130,7 @@ class Controller:
         if kind == KIND:
             self._failures.pop(key, None)
             telemetry.OBJECTS.set(len(self.stores[KIND]))
+            self.published.forget(key)  # no stale series of a deleted AtomDeployment
         else:  # garbage collection after its owner, or a deletion to undo (a pod's: its ReplicaSet's to undo)
             self.enqueue(key, ROUTINE if kind == "Pod" else URGENT)
 

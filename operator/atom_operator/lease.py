@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from atom_operator import telemetry
 from atom_operator.kube import Kube, KubeError, TransientError
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class LeaderElector:
             await asyncio.sleep(s.retry)
         log.info("event=leading lease=%s/%s identity=%s", s.namespace, s.name, s.identity)
         self.leading.set()
+        telemetry.LEADER.set(1)
         on_leading()
         # Timed from when the attempt began, not when its answer came: the standby times the Lease from when it
         # sees the renewal, which is after the PUT reached the server, which is after this.
@@ -78,6 +80,7 @@ class LeaderElector:
                 renewed = started
             elif outcome is Attempt.OTHER or time.monotonic() >= renewed + s.renew_deadline:
                 self.leading.clear()
+                telemetry.LEADER.set(0)
                 reason = "taken" if outcome is Attempt.OTHER else "renew_deadline"
                 log.error(
                     "event=leadership_lost lease=%s/%s identity=%s reason=%s", s.namespace, s.name, s.identity, reason
@@ -89,6 +92,7 @@ class LeaderElector:
         if not self.leading.is_set():
             return
         self.leading.clear()
+        telemetry.LEADER.set(0)
         try:
             # Bounded: a stop must not wait on a hung API server; the Lease then expires as after a crash.
             async with asyncio.timeout(self.settings.renew_deadline):

@@ -145,6 +145,7 @@ async def start(config: Settings) -> Runtime:
     runtime.waiting = asyncio.create_task(open_when_synced(), name="wait-for-cache-sync")
     if config.lease is None:
         controller.writing.set()
+        telemetry.LEADER.set(1)  # the only replica: it leads without a Lease
     else:
         runtime.elector = LeaderElector(kube, config.lease)
 

@@ -157,7 +157,7 @@ def compute(
         state = next((s for s in seen.roles if s.role == role), None)
         counts = state.counts if state else role_counts(None)
         desired = (owner.spec.decode if role == "decode" else owner.spec.prefill).replicas
-        out[role] = {**counts, "summary": f"{counts['readyReplicas']}/{desired}"}
+        out[role] = {**counts, "summary": summary(counts["readyReplicas"], desired)}
     previous = {c["type"]: c for c in (old or {}).get("conditions") or [] if "type" in c}
     conditions = [*rollout_conditions(owner, seen, profile), *filter(None, [artifact_condition(seen.artifact),
                                                                              seen.routing]), *seen.scaling]
@@ -168,6 +168,17 @@ def compute(
     out["endpoint"] = None if owner.spec.decode.replicas == 0 else endpoint(owner)
     out["selector"] = selector_string(owner, "decode")
     return out
+
+
+def summary(ready: int, desired: int) -> str:
+    """A role's ``status.<role>.summary``, "ready/desired" (kubectl get shows it)."""
+    return f"{ready}/{desired}"
+
+
+def desired_of(summary_: str | None) -> int | None:
+    """The desired count a role's summary carries (None: no summary written yet, or not one of ours)."""
+    _, _, desired = (summary_ or "").partition("/")
+    return int(desired) if desired.isdigit() else None
 
 
 def rollout_conditions(owner: Owner, seen: Observation, profile: NpuProfile) -> list[Condition]:

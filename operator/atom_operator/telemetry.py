@@ -35,6 +35,21 @@ RELISTS = Counter(
     registry=REGISTRY,
 )
 OBJECTS = Gauge("atom_operator_atomdeployments", "AtomDeployments the operator watches.", registry=REGISTRY)
+# 0 on a standby replica (and before the first election), 1 while this replica holds the Lease: no replica at 1
+# means nothing reconciles or autoscales.
+LEADER = Gauge("atom_operator_leader", "1 while this replica holds the Lease and reconciles, else 0.",
+               registry=REGISTRY)  # fmt: skip
+
+# Each AtomDeployment's status as the operator stores it (atom_operator.deployment_metrics sets and removes them).
+# Labelled with the AtomDeployment's own namespace: the ServiceMonitor honours it (honorLabels) over the operator's.
+DEPLOYMENT = ["namespace", "atomdeployment"]
+CONDITION = Gauge("atom_deployment_condition", "An AtomDeployment's conditions: 1 for each type's current status"
+                  " (True, False, Unknown), 0 for the other two.", [*DEPLOYMENT, "type", "status"],
+                  registry=REGISTRY)  # fmt: skip
+CONDITION_REASON = Gauge("atom_deployment_condition_reason", "1 for the reason of each condition type's current"
+                         " status.", [*DEPLOYMENT, "type", "reason"], registry=REGISTRY)  # fmt: skip
+REPLICAS = Gauge("atom_deployment_replicas", "An AtomDeployment's pods by role: desired (the spec's count, or the"
+                 " autoscaler's) and ready.", [*DEPLOYMENT, "role", "state"], registry=REGISTRY)  # fmt: skip
 
 
 async def serve(addr: str, port: int, alive: Callable[[], bool], ready: Callable[[], bool]) -> aiohttp.web.AppRunner:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,29 @@ POD = f'{ENGINE}, role="decode", pod="chat-decode-0", model_name="m", engine="0"
 
 def series(name: str, labels: str, values: str) -> dict:
     return {"series": f"{name}{{{labels}}}", "values": values}
+
+
+# The operator's series as its ServiceMonitor labels them: the target's namespace and pod, and (honorLabels) the
+# AtomDeployment's own namespace on the atom_deployment_* and atom_autoscaler_* series.
+OPERATOR = 'namespace="atom-system", pod="atom-operator-{}"'
+DEPLOYMENT_SERIES = f'{ENGINE}, pod="atom-operator-0"'
+
+
+def condition(type_: str, status: str, values: str) -> list[dict]:
+    """atom_deployment_condition of one type, as the operator writes it: ``values`` (of 1s and 0s: "1x20",
+    "1x2 0x18") for ``status``, the opposite for the other of True and False, Unknown at 0."""
+    def each(bit: Callable[[int], int]) -> str:
+        return " ".join(f"{bit(int(v[0]))}{v[1:]}" for v in values.split())
+
+    other = "False" if status == "True" else "True"
+    return [series("atom_deployment_condition", f'{DEPLOYMENT_SERIES}, type="{type_}", status="{s}"', each(bit))
+            for s, bit in ((status, lambda b: b), (other, lambda b: 1 - b), ("Unknown", lambda b: 0))]
+
+
+def limited(reason: str, status: str) -> list[dict]:
+    """ScalingLimited held at ``status`` with ``reason`` for 30 minutes."""
+    return [*condition("ScalingLimited", status, "1x40"), series(
+        "atom_deployment_condition_reason", f'{DEPLOYMENT_SERIES}, type="ScalingLimited", reason="{reason}"', "1x40")]
 
 
 def slo_case(histogram: str, le: str) -> tuple:
@@ -81,6 +105,31 @@ CASES = {
                 "0+1x40")],
         [series("atom_operator_reconciles_total", 'namespace="atom-system", pod="atom-operator-0", result="error"',
                 "0x40")],  # the series exists at 0 from the start (atom_operator.telemetry)
+    ),
+    "AtomOperatorNotLeading": (
+        "10m", {"namespace": "atom-system", "severity": "critical"},
+        [series("atom_operator_leader", OPERATOR.format(0), "1x3 0x20"), series("atom_operator_leader",
+                                                                             OPERATOR.format(1), "0x25")],
+        # The Lease changed hands: the other replica leads a minute later.
+        [series("atom_operator_leader", OPERATOR.format(0), "1x3 0x20"), series("atom_operator_leader",
+                                                                             OPERATOR.format(1), "0x4 1x20")],
+    ),
+    "AtomAutoscalerScalingLimited": (
+        "30m", {"namespace": "llm", "atomdeployment": "chat", "reason": "NPUBudget", "severity": "warning"},
+        limited("NPUBudget", "True"),
+        # At its floor (idle), and a limit that was lifted.
+        limited("AtMinReplicas", "True") + limited("DesiredWithinRange", "False"),
+    ),
+    "AtomAutoscalerMetricsMissing": (
+        "15m", {"namespace": "llm", "atomdeployment": "chat", "severity": "warning"},
+        condition("ScalingActive", "False", "1x20"),
+        condition("ScalingActive", "False", "1x2 0x18"),  # one missed reading, then metrics again
+    ),
+    "AtomAutoscalerDrainTimedOut": (
+        "10m", {"namespace": "llm", "atomdeployment": "chat", "role": "decode", "severity": "warning"},
+        [series("atom_autoscaler_drain_timeouts_total", f'{DEPLOYMENT_SERIES}, role="decode"', "0x5 1x10")],
+        # The series exists at 0 from a role's first autoscaling step (atom_operator.autoscale.telemetry).
+        [series("atom_autoscaler_drain_timeouts_total", f'{DEPLOYMENT_SERIES}, role="decode"', "0x15")],
     ),
 }
 

@@ -99,6 +99,8 @@ def test_the_service_monitor_reaches_the_operators_metrics_port(rendered: list[d
     env = {e["name"]: e.get("value") for e in container["env"]}
     (port,) = svc["spec"]["ports"]
     assert sm["spec"]["endpoints"][0]["port"] == port["name"] and port["targetPort"] == "metrics"
+    # atom_deployment_* keep their own namespace label (the AtomDeployment's), not exported_namespace.
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
     assert ports["metrics"] == int(env["ATOM_METRICS_PORT"]) == port["port"]
     # The webhook Service is not selected (it serves no /metrics).
     (webhook,) = [s for s in of_kind(rendered, "Service") if s["metadata"]["name"].endswith("-webhook")]

@@ -6,6 +6,7 @@ middle resumes the drain, and turning autoscaling off un-cordons."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -165,6 +166,12 @@ def test_external_mode_scale_down_through_the_scale_subresource_drains_too(
     drained_scale_down(cluster, op, namespace, tmp_path, "External", restart=False)
 
 
+def autoscaler_series(op, namespace: str) -> list[str]:  # noqa: ANN001
+    """The operator's series of this namespace's autoscaling: the autoscaler's own, and its conditions'."""
+    return [line for line in op.metrics().splitlines() if f'namespace="{namespace}"' in line and (
+        line.startswith("atom_autoscaler_") or re.search(r'type="(ScalingActive|ScalingLimited|AbleToScale)"', line))]
+
+
 def test_turning_autoscaling_off_uncordons_and_restores_the_spec(
     cluster, op, namespace: str, tmp_path: Path  # noqa: ANN001
 ) -> None:
@@ -179,6 +186,7 @@ def test_turning_autoscaling_off_uncordons_and_restores_the_spec(
         wait_for(lambda: all(running(url) == 1 for url in urls.values()), "the streams decoding", timeout=60)
         set_mode(cluster, namespace, "Operator")
         victim = wait_for(lambda: cordoned(cluster, namespace), "a cordoned pod", timeout=60)
+        assert autoscaler_series(op, namespace), "the decision's series on the operator's /metrics"
         set_mode(cluster, namespace, "Off")
         wait_for(lambda: not cordoned(cluster, namespace), "no pod cordoned", timeout=30)
         pods = decode_pods(cluster, namespace)
@@ -187,6 +195,8 @@ def test_turning_autoscaling_off_uncordons_and_restores_the_spec(
         wait_for(lambda: not {"ScalingActive", "ScalingLimited", "AbleToScale"} & {
             c["type"] for c in cluster.get("atomdeployment", "llm", "-n", namespace)["status"].get("conditions") or []
         }, "no autoscaling condition once autoscaling is off", timeout=30)  # fmt: skip
+        # No stale series: neither the autoscaler's nor those of its conditions (gone from status.conditions).
+        wait_for(lambda: not autoscaler_series(op, namespace), "no autoscaling series once it is off", timeout=30)
         for s in streams:
             s.join(60)
             assert s.error is None and s.finish == "length"

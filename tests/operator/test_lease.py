@@ -165,3 +165,23 @@ async def test_a_stop_does_not_wait_on_a_hung_api_server() -> None:
     a.client.hanging = True
     await asyncio.wait_for(a.elector.release(), BOUND)  # gave up: the Lease expires as after a crash
     assert not a.elector.leading.is_set() and leases.holder() == "a"
+
+
+async def test_atom_operator_leader_is_1_only_while_this_replica_holds_the_lease() -> None:
+    """What AtomOperatorNotLeading reads (no replica at 1: nothing reconciles)."""
+    from atom_operator import telemetry
+
+    def leader() -> float | None:
+        return telemetry.REGISTRY.get_sample_value("atom_operator_leader")
+
+    telemetry.LEADER.set(0)
+    a = Replica(Leases(), "a")
+    a.start()
+    try:
+        await a.leading()
+        assert leader() == 1
+        a.client.hanging = True
+        await asyncio.wait_for(asyncio.shield(a.task), BOUND)  # stepped down
+        assert leader() == 0
+    finally:
+        await a.stop()

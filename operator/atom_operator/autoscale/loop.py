@@ -259,6 +259,7 @@ class Autoscaler:
                 await asyncio.gather(*(self._guarded(k) for k in keys))
                 for gone in [k for k in self.tracked if k not in self.owners]:
                     del self.tracked[gone]
+                    telemetry.forget(gone)
                 await asyncio.sleep(max(0.0, TICK_SECONDS - (time.monotonic() - started)))
         finally:
             await self._session.close()
@@ -286,6 +287,7 @@ class Autoscaler:
             # Level-based: nothing stays cordoned once autoscaling is off, and the spec's replicas apply again.
             await self._uncordon(key, [p for p in pods.values() if p.cordoned_since is not None or p.cost_applied])
             if self.tracked.pop(key, None) is not None:
+                telemetry.forget(key)
                 self.enqueue(key)
             return
         await self._autoscale(key, body, spec, pods)
@@ -296,6 +298,7 @@ class Autoscaler:
         a = spec.autoscaling
         assert a is not None
         roles = [r for r in ROLES if r == "decode" or spec.prefill.replicas > 0 or a.prefill is not None]
+        telemetry.watch(key, roles)
         now = self.clock()
         current = {role: self._current(key, spec, role, tracked) for role in roles}
         due = now - tracked.decided_at >= a.interval_seconds
@@ -401,6 +404,8 @@ class Autoscaler:
             if since is not None and since.cordoned_since is not None:
                 telemetry.DRAIN_SECONDS.labels(role).observe(max(0.0, now - since.cordoned_since))
             timed_out = name in step.timed_out
+            if timed_out:
+                telemetry.DRAIN_TIMEOUTS.labels(*key, role).inc()
             await self._event(body, "DrainTimedOut" if timed_out else "DrainFinished",
                               f"{role} pod {name} {'still busy after the drain timeout' if timed_out else 'idle'};"
                               " it goes next", warning=timed_out)  # fmt: skip

@@ -79,6 +79,10 @@ crds: venv ## regenerate crds/, the chart's copy and docs/atomdeployment.md from
 	$(PY) -m atom_operator.api.crd $(CRD_FILES)
 	$(PY) -m atom_operator.api.reference docs/atomdeployment.md
 
+.PHONY: dashboards
+dashboards: venv ## regenerate the Grafana dashboards (charts/atom-operator/dashboards) and their table in docs/observability.md (tests fail when stale)
+	$(PY) -m atom_operator.dashboards charts/atom-operator/dashboards docs/observability.md
+
 .PHONY: docker-build
 docker-build: venv ## build the operator, engine, engine-rngd and endpoint-picker images (BASE_IMAGE=... picks the base; else python:3.11-slim if pullable, else a local debootstrap base)
 	$(PY) -m atom_localcluster.docker build operator engine engine-rngd epp $(if $(BASE_IMAGE),--base $(BASE_IMAGE))

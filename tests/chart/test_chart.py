@@ -126,7 +126,8 @@ def test_chart_crd_is_the_generated_crd() -> None:
         ("serviceAccount.create=false", "serviceAccount.name=x"),
         ("networkPolicy.enabled=true",),
         ("monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true",
-         "monitoring.prometheusRule.enabled=true", "monitoring.labels.release=prom"),
+         "monitoring.prometheusRule.enabled=true", "monitoring.dashboards.enabled=true",
+         "monitoring.labels.release=prom"),
     ],
     ids=["defaults", "cert-manager", "no-webhook", "existing-service-account", "network-policy", "monitoring"],
 )

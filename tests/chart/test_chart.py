@@ -179,8 +179,10 @@ def test_every_value_is_commented() -> None:
         {"webhook": {"enabled": False}},
         {"certManager": {"enabled": True}},
         {"networkPolicy": {"enabled": True, "apiServerPeers": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}},
+        # The dashboards' ConfigMaps (monitoring.dashboards), accepted by the API server as they are.
+        {"monitoring": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ATOM"}}}},
     ],
-    ids=["defaults", "no-webhook", "cert-manager", "network-policy"],
+    ids=["defaults", "no-webhook", "cert-manager", "network-policy", "dashboards"],
 )
 def test_rendered_manifests_are_valid_on_the_api_server(cluster, tmp_path: Path, values: dict) -> None:
     ns = make_namespace(cluster, "chart-render", **{"pod-security.kubernetes.io/warn": "restricted"})

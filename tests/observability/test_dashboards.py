@@ -85,6 +85,8 @@ def problems(dashboard: dict[str, Any], series: Served) -> list[str]:
     out = []
     for where, expr, legend in queries(dashboard):
         found = names(concrete(expr))
+        if not found.metrics:
+            out.append(f"{where}: names no metric (the tokenizer missed it?)")
         for metric in sorted(found.metrics - series.keys()):
             out.append(f"{where}: {metric} is not served")
         known = [series[m] for m in found.metrics if m in series]
@@ -205,6 +207,15 @@ def test_every_metric_and_label_a_query_names_is_served(uid: str, series: Served
 def test_a_query_naming_what_is_not_served_is_caught(expr: str, problem: str, series: Served) -> None:
     found = problems(with_expr(dashboards()["atom-engine"], expr), series)
     assert any(problem in p for p in found), found
+
+
+def test_the_tokenizer_reads_metrics_matchers_and_groupings() -> None:
+    found = names('sum by (pod) (rate(a:b_total{x="{1}", y=~"p|q"}[5m])) / on (pod) group_left (z) c_total > 1e3'
+                  ' and ignoring (w) d unless max(e{v!="s"}) offset 5m')
+    assert found.metrics == {"a:b_total", "c_total", "d", "e"}
+    assert found.matched == {"a:b_total": {"x", "y"}, "c_total": set(), "d": set(), "e": {"v"}}
+    assert found.grouped == {"pod", "z", "w"}
+    assert found.functions == {"sum", "rate", "max"}
 
 
 def test_the_served_names_come_from_the_real_endpoints(series: Served) -> None:

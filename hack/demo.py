@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +52,8 @@ class Steps:
         try:
             result = fn()
         except Exception as e:
-            print(f"[{self.n}/{self.total}] FAILED: {title}: {e}", file=sys.stderr, flush=True)
+            said = f"\n{e.stderr.strip()}" if isinstance(e, subprocess.CalledProcessError) and e.stderr else ""
+            print(f"[{self.n}/{self.total}] FAILED: {title}: {e}{said}", file=sys.stderr, flush=True)
             raise SystemExit(1) from e
         print(f"[{self.n}/{self.total}] done in {time.monotonic() - started:.1f}s", flush=True)
         return result
@@ -61,7 +63,7 @@ def start_operator(cluster: Cluster, procs: Processes) -> None:
     from atom_operator import webhook
 
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev", "--timeout=60s")
+    cluster.wait_crd_established("atomdeployments.serving.atom.dev")
     ca, cert, key = webhook.make_certificates(procs.workdir / "webhook", ["127.0.0.1"])
     hook_port, metrics_port = free_port(), free_port()
     proc, log = procs.start("operator", [str(BIN / "atom-operator")], {

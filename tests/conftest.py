@@ -58,7 +58,7 @@ def operator_process(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory)
     from tests.operator.process import OperatorProcess
 
     cluster.kubectl("apply", "-f", "-", input=render())
-    cluster.kubectl("wait", "--for=condition=Established", "crd/atomdeployments.serving.atom.dev", "--timeout=60s")
+    cluster.wait_crd_established("atomdeployments.serving.atom.dev")
     op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
     op.start()
     try:

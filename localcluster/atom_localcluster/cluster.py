@@ -394,6 +394,23 @@ class Cluster:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def wait_crd_established(self, name: str, timeout: float = 60.0) -> None:
+        """Poll until the CRD ``name`` is Established. Unlike ``kubectl wait``, which exits at the first error, an
+        API server still settling after its start (a refused or failed read) is retried until ``timeout``."""
+        deadline, last = time.monotonic() + timeout, ""
+        while time.monotonic() < deadline:
+            left = max(deadline - time.monotonic(), 1.0)
+            out = self.kubectl("get", "crd", name, "-o", "json", check=False, timeout=left)
+            if out.returncode == 0:
+                conditions = json.loads(out.stdout).get("status", {}).get("conditions", [])
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                    return
+                last = f"conditions: {conditions}"
+            else:
+                last = out.stderr.strip()
+            time.sleep(0.2)
+        raise TimeoutError(f"crd/{name} not Established after {timeout:.0f}s; last: {last}")
+
     def add_nodes(self, nodes: Sequence[FakeNode], *, deadline: float | None = None) -> None:
         if not nodes:
             return

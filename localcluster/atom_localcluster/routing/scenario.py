@@ -47,7 +47,7 @@ def install_crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", "-", input=render())
     cluster.kubectl("apply", "--server-side", "-f", str(gie.pool_crd()))
     for crd in ("atomdeployments.serving.atom.dev", gie.POOL_CRD_NAME):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        cluster.wait_crd_established(crd)
 
 
 def deploy(cluster: Cluster, namespace: str, name: str, timeout: float = 120) -> None:
